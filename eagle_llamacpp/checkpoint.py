@@ -1,0 +1,191 @@
+"""Reading EAGLE-1/2 draft checkpoints in the official HF layout (config.json + weights)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+class CheckpointError(ValueError):
+    """The input is not a readable EAGLE-1/2 checkpoint."""
+
+
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+
+
+def _bf16_to_f32(a: np.ndarray) -> np.ndarray:
+    return (a.astype(np.uint32) << 16).view(np.float32)
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """Minimal safetensors reader (f32/f16/bf16) that reports truncation and corruption clearly."""
+    data = path.read_bytes()
+    if len(data) < 8:
+        raise CheckpointError(f"{path.name}: truncated safetensors file")
+    (n_header,) = struct.unpack("<Q", data[:8])
+    if n_header > len(data) - 8:
+        raise CheckpointError(f"{path.name}: truncated or corrupt safetensors header")
+    try:
+        header = json.loads(data[8:8 + n_header])
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path.name}: corrupt safetensors header ({e})") from None
+    base = 8 + n_header
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _ST_DTYPES.get(info.get("dtype"))
+        if dtype is None:
+            raise CheckpointError(f"{path.name}: tensor {name} has unsupported dtype {info.get('dtype')}")
+        start, end = info["data_offsets"]
+        if base + end > len(data):
+            raise CheckpointError(f"{path.name}: truncated (tensor {name} runs past the end of the file)")
+        arr = np.frombuffer(data, dtype=dtype, count=(end - start) // np.dtype(dtype).itemsize, offset=base + start)
+        arr = _bf16_to_f32(arr) if info["dtype"] == "BF16" else arr.astype(np.float32)
+        if arr.size != int(np.prod(info["shape"], dtype=np.int64)):
+            raise CheckpointError(f"{path.name}: tensor {name} has {arr.size} values for shape {info['shape']}")
+        out[name] = arr.reshape(info["shape"])
+    return out
+
+
+def read_torch_bin(path: Path) -> dict[str, np.ndarray]:
+    try:
+        import torch  # noqa: PLC0415 (only .bin checkpoints need torch)
+    except ImportError:
+        raise CheckpointError(f"{path.name}: reading .bin checkpoints needs PyTorch (pip install torch)") from None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for truncated zips and bad pickles
+        raise CheckpointError(f"{path.name}: cannot read PyTorch checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path.name}: not a state dict")
+    return {k: v.detach().to(torch.float32).numpy() for k, v in state.items() if hasattr(v, "detach")}
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    for index_name, single in (("model.safetensors.index.json", "model.safetensors"),
+                               ("pytorch_model.bin.index.json", "pytorch_model.bin")):
+        index = folder / index_name
+        if index.exists():
+            try:
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (json.JSONDecodeError, KeyError) as e:
+                raise CheckpointError(f"{index_name}: corrupt index ({e})") from None
+            missing = [s for s in shards if not (folder / s).exists()]
+            if missing:
+                raise CheckpointError(f"{index_name}: missing shard(s) {', '.join(missing)}")
+            return [folder / s for s in shards]
+        if (folder / single).exists():
+            return [folder / single]
+    raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin found")
+
+
+@dataclass
+class EagleHead:
+    """An EAGLE-1/2 head: one decoder layer without input_layernorm, plus fc over [emb, feature]."""
+
+    config: dict
+    tensors: dict[str, np.ndarray]  # official names, float32
+    hidden_size: int
+    intermediate_size: int
+    n_head: int
+    n_head_kv: int
+    rms_norm_eps: float
+    rope_theta: float
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.n_head
+
+
+REQUIRED = (
+    "fc.weight",
+    "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
+    "layers.0.self_attn.v_proj.weight", "layers.0.self_attn.o_proj.weight",
+    "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight", "layers.0.mlp.down_proj.weight",
+    "layers.0.post_attention_layernorm.weight",
+)
+OPTIONAL = (
+    "fc.bias", "embed_tokens.weight",
+    "layers.0.self_attn.q_proj.bias", "layers.0.self_attn.k_proj.bias", "layers.0.self_attn.v_proj.bias",
+)
+
+
+def load_head(folder: str | Path) -> EagleHead:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: not a folder (expected an HF folder with config.json)")
+    cfg_path = folder / "config.json"
+    if not cfg_path.exists():
+        raise CheckpointError(f"{folder}: no config.json, not an EAGLE checkpoint")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"config.json: invalid JSON ({e})") from None
+
+    tensors: dict[str, np.ndarray] = {}
+    for f in _weight_files(folder):
+        tensors.update(read_safetensors(f) if f.suffix == ".safetensors" else read_torch_bin(f))
+    # some exports prefix everything with "model."
+    if tensors and all(k.startswith("model.") for k in tensors):
+        tensors = {k[len("model."):]: v for k, v in tensors.items()}
+
+    if "fc.weight" not in tensors:
+        raise CheckpointError(f"{folder}: no fc.weight, not an EAGLE-1/2 checkpoint")
+    if any(k.startswith("layers.1.") for k in tensors) or "d2t" in tensors or "midlayer.self_attn.q_proj.weight" in tensors:
+        raise CheckpointError(f"{folder}: not an EAGLE-1/2 head (more than one layer, or an EAGLE-3 head)")
+    missing = [k for k in REQUIRED if k not in tensors]
+    if missing:
+        raise CheckpointError(f"missing tensor(s): {', '.join(missing)}")
+    unknown = sorted(set(tensors) - set(REQUIRED) - set(OPTIONAL))
+    if unknown:
+        raise CheckpointError(f"unknown tensor(s): {', '.join(unknown)}")
+
+    try:
+        hidden = int(cfg["hidden_size"])
+        n_head = int(cfg["num_attention_heads"])
+        inter = int(cfg["intermediate_size"])
+    except (KeyError, ValueError, TypeError) as e:
+        raise CheckpointError(f"config.json: missing or bad field {e}") from None
+    head_dim = hidden // n_head
+    kv_rows = tensors["layers.0.self_attn.k_proj.weight"].shape[0]
+    # the KV head count comes from the tensors: some configs disagree with their checkpoints
+    n_head_kv = kv_rows // head_dim if head_dim else 0
+    head = EagleHead(cfg, tensors, hidden, inter, n_head, n_head_kv,
+                     float(cfg.get("rms_norm_eps", 1e-6)), float(cfg.get("rope_theta", 10000.0)))
+    _check_shapes(head)
+    return head
+
+
+def _check_shapes(h: EagleHead) -> None:
+    H, I, D = h.hidden_size, h.intermediate_size, h.head_dim
+    kv = h.n_head_kv * D
+    expect = {
+        "fc.weight": (H, 2 * H), "fc.bias": (H,),
+        "embed_tokens.weight": (None, H),
+        "layers.0.self_attn.q_proj.weight": (h.n_head * D, H), "layers.0.self_attn.q_proj.bias": (h.n_head * D,),
+        "layers.0.self_attn.k_proj.weight": (kv, H), "layers.0.self_attn.k_proj.bias": (kv,),
+        "layers.0.self_attn.v_proj.weight": (kv, H), "layers.0.self_attn.v_proj.bias": (kv,),
+        "layers.0.self_attn.o_proj.weight": (H, h.n_head * D),
+        "layers.0.mlp.gate_proj.weight": (I, H), "layers.0.mlp.up_proj.weight": (I, H),
+        "layers.0.mlp.down_proj.weight": (H, I),
+        "layers.0.post_attention_layernorm.weight": (H,),
+    }
+    if h.n_head_kv == 0 or kv_rows_invalid(h):
+        raise CheckpointError(f"k_proj.weight rows ({h.tensors['layers.0.self_attn.k_proj.weight'].shape[0]}) "
+                              f"are not a multiple of head_dim {D}")
+    for name, arr in h.tensors.items():
+        want = expect[name]
+        if len(arr.shape) != len(want) or any(w is not None and w != a for w, a in zip(want, arr.shape)):
+            raise CheckpointError(f"shape mismatch: {name} is {list(arr.shape)}, expected "
+                                  f"{[w if w is not None else 'n_vocab' for w in want]} for hidden_size {H}")
+    if h.n_head % h.n_head_kv:
+        raise CheckpointError(f"{h.n_head} attention heads are not a multiple of {h.n_head_kv} KV heads")
+
+
+def kv_rows_invalid(h: EagleHead) -> bool:
+    return h.tensors["layers.0.self_attn.k_proj.weight"].shape[0] % h.head_dim != 0

@@ -1,0 +1,212 @@
+"""convert_eagle.py: an EAGLE-1/2 draft checkpoint (HF folder) to an `eagle2` GGUF."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import CheckpointError, EagleHead, load_head
+
+OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+SUPPORTED_TARGETS = ("llama", "qwen2")
+
+# official name -> GGUF name (layer 0 only: EAGLE-1/2 heads have one layer)
+TENSOR_MAP = {
+    "fc.weight": "fc.weight",
+    "fc.bias": "fc.bias",
+    "layers.0.self_attn.q_proj.weight": "blk.0.attn_q.weight",
+    "layers.0.self_attn.k_proj.weight": "blk.0.attn_k.weight",
+    "layers.0.self_attn.v_proj.weight": "blk.0.attn_v.weight",
+    "layers.0.self_attn.q_proj.bias": "blk.0.attn_q.bias",
+    "layers.0.self_attn.k_proj.bias": "blk.0.attn_k.bias",
+    "layers.0.self_attn.v_proj.bias": "blk.0.attn_v.bias",
+    "layers.0.self_attn.o_proj.weight": "blk.0.attn_output.weight",
+    "layers.0.mlp.gate_proj.weight": "blk.0.ffn_gate.weight",
+    "layers.0.mlp.up_proj.weight": "blk.0.ffn_up.weight",
+    "layers.0.mlp.down_proj.weight": "blk.0.ffn_down.weight",
+    "layers.0.post_attention_layernorm.weight": "blk.0.ffn_norm.weight",
+    "embed_tokens.weight": "token_embd.weight",
+}
+
+
+class ConvertError(ValueError):
+    pass
+
+
+@dataclass
+class TargetInfo:
+    arch: str
+    hidden_size: int
+    n_vocab: int
+    gguf_path: Path | None = None
+    tokenizer_fields: list = field(default_factory=list)  # GGUFReader fields to copy
+
+
+def read_target(path: str | Path) -> TargetInfo:
+    """Metadata of the target model, from its GGUF (preferred) or its HF folder."""
+    import gguf  # noqa: PLC0415
+
+    path = Path(path)
+    if path.is_dir():
+        cfg_path = path / "config.json"
+        if not cfg_path.exists():
+            raise ConvertError(f"--target {path}: no config.json")
+        cfg = json.loads(cfg_path.read_text())
+        arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}.get((cfg.get("architectures") or [""])[0], "")
+        return TargetInfo(arch, int(cfg.get("hidden_size", 0)), int(cfg.get("vocab_size", 0)))
+    if not path.is_file():
+        raise ConvertError(f"--target {path}: no such file or folder")
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # GGUFReader raises ValueError/struct errors on junk
+        raise ConvertError(f"--target {path}: not a readable GGUF ({e})") from None
+    f = reader.fields
+    if "general.architecture" not in f:
+        raise ConvertError(f"--target {path}: GGUF has no general.architecture")
+    arch = f["general.architecture"].contents()
+    hidden = int(f[f"{arch}.embedding_length"].contents()) if f"{arch}.embedding_length" in f else 0
+    n_vocab = len(f["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in f else 0
+    tok_fields = [fld for name, fld in f.items() if name.startswith("tokenizer.")]
+    return TargetInfo(arch, hidden, n_vocab, path, tok_fields)
+
+
+def check_compatible(head: EagleHead, target: TargetInfo) -> None:
+    if target.arch not in SUPPORTED_TARGETS:
+        raise ConvertError(f"target architecture '{target.arch}' is not supported ({', '.join(SUPPORTED_TARGETS)})")
+    if target.hidden_size != head.hidden_size:
+        raise ConvertError(f"target mismatch: the head's hidden_size is {head.hidden_size}, "
+                           f"the target's is {target.hidden_size}")
+    if "embed_tokens.weight" in head.tensors and head.tensors["embed_tokens.weight"].shape[0] != target.n_vocab:
+        raise ConvertError(f"target mismatch: the head's embed_tokens has {head.tensors['embed_tokens.weight'].shape[0]} "
+                           f"rows, the target's vocabulary {target.n_vocab}")
+    vocab = head.config.get("vocab_size")
+    if vocab and target.n_vocab and int(vocab) != target.n_vocab:
+        raise ConvertError(f"target mismatch: config.json vocab_size is {vocab}, the target's vocabulary {target.n_vocab}")
+
+
+def _cast(arr: np.ndarray, outtype: str):
+    """Returns (data, raw_dtype) for GGUFWriter.add_tensor. Vectors stay f32, as llama.cpp's converter does."""
+    import gguf  # noqa: PLC0415
+
+    if arr.ndim == 1 or outtype == "f32":
+        return arr.astype(np.float32), None
+    if outtype == "f16":
+        return arr.astype(np.float16), None
+    qtype = gguf.GGMLQuantizationType.BF16 if outtype == "bf16" else gguf.GGMLQuantizationType.Q8_0
+    if qtype == gguf.GGMLQuantizationType.Q8_0 and arr.shape[-1] % 32:
+        return arr.astype(np.float16), None
+    return gguf.quants.quantize(arr.astype(np.float32), qtype), qtype
+
+
+def _copy_target_tensors(writer, target: TargetInfo) -> None:
+    """Embeds the target's token_embd and lm_head (bit for bit, any quant type)."""
+    import gguf  # noqa: PLC0415
+
+    reader = gguf.GGUFReader(target.gguf_path)
+    by_name = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in by_name:
+        raise ConvertError("--embed-target-head: the target GGUF has no token_embd.weight")
+    for src, dst in (("token_embd.weight", "token_embd.weight"),
+                     ("output.weight" if "output.weight" in by_name else "token_embd.weight", "output.weight")):
+        t = by_name[src]
+        shape = [int(x) for x in reversed(t.shape.tolist())]  # GGUF stores ne; numpy order is reversed
+        if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            writer.add_tensor(dst, np.asarray(t.data).reshape(shape))
+        else:
+            writer.add_tensor(dst, np.asarray(t.data), raw_shape=np.asarray(t.data).shape, raw_dtype=t.tensor_type)
+
+
+def _copy_field(writer, fld) -> None:
+    import gguf  # noqa: PLC0415
+
+    vtype = fld.types[0]
+    if vtype == gguf.GGUFValueType.ARRAY:
+        writer.add_key_value(fld.name, fld.contents(), vtype, sub_type=fld.types[-1])
+    else:
+        writer.add_key_value(fld.name, fld.contents(), vtype)
+
+
+def convert(head_dir: str | Path, outfile: str | Path, *, target: str | Path, outtype: str = "f16",
+            embed_target_head: bool = False, force: bool = False, progress: bool = False) -> Path:
+    import gguf  # noqa: PLC0415
+
+    if outtype not in OUTTYPES:
+        raise ConvertError(f"--outtype must be one of {', '.join(OUTTYPES)}")
+    outfile = Path(outfile)
+    if outfile.exists() and not force:
+        raise ConvertError(f"{outfile} exists (use --force to overwrite)")
+    head = load_head(head_dir)
+    tgt = read_target(target)
+    check_compatible(head, tgt)
+    if tgt.gguf_path is None:
+        raise ConvertError("--target must be the target's GGUF: the draft GGUF copies its tokenizer from it")
+
+    tmp = outfile.with_name(f".{outfile.name}.tmp{os.getpid()}")
+    writer = gguf.GGUFWriter(tmp, "eagle2")
+    try:
+        writer.add_name(Path(head_dir).resolve().name)
+        writer.add_context_length(int(head.config.get("max_position_embeddings", 2048)))
+        writer.add_embedding_length(head.hidden_size)
+        writer.add_feed_forward_length(head.intermediate_size)
+        writer.add_block_count(1)
+        writer.add_head_count(head.n_head)
+        writer.add_head_count_kv(head.n_head_kv)
+        writer.add_layer_norm_rms_eps(head.rms_norm_eps)
+        writer.add_rope_freq_base(head.rope_theta)
+        writer.add_rope_dimension_count(head.head_dim)
+        writer.add_target_hidden_size(tgt.hidden_size)
+        writer.add_file_type({"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}[outtype])
+        for fld in tgt.tokenizer_fields:
+            _copy_field(writer, fld)
+
+        for name, arr in head.tensors.items():
+            if name == "embed_tokens.weight":
+                continue  # frozen copy of the target's: borrowed at run time (or embedded below)
+            data, raw_dtype = _cast(arr, outtype)
+            writer.add_tensor(TENSOR_MAP[name], data, raw_dtype=raw_dtype)
+        if embed_target_head:
+            _copy_target_tensors(writer, tgt)
+
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file(progress=progress)
+        writer.close()
+        os.replace(tmp, outfile)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return outfile
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="convert_eagle.py",
+                                description="Convert an EAGLE-1/2 draft head (HF folder) to an eagle2 GGUF.")
+    p.add_argument("model", help="HF folder with config.json and model.safetensors or pytorch_model.bin")
+    p.add_argument("--target", required=True, help="the target model's GGUF (tokenizer, checks)")
+    p.add_argument("--outfile", help="output GGUF (default: <model>/eagle2-<outtype>.gguf)")
+    p.add_argument("--outtype", default="f16", choices=OUTTYPES)
+    p.add_argument("--embed-target-head", action="store_true",
+                   help="store the target's token embeddings and lm_head in the draft GGUF")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    outfile = args.outfile or str(Path(args.model) / f"eagle2-{args.outtype}.gguf")
+    try:
+        out = convert(args.model, outfile, target=args.target, outtype=args.outtype,
+                      embed_target_head=args.embed_target_head, force=args.force,
+                      progress=not args.no_progress)
+    except (CheckpointError, ConvertError, OSError) as e:
+        print(f"convert_eagle.py: error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
