@@ -1,0 +1,96 @@
+"""The EAGLE-1/2 draft head, run by the patched libllama next to its target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from . import _native as nat
+
+
+class TargetModel:
+    """A target model whose context exports the final hidden state of every batch token."""
+
+    def __init__(self, path: str | Path, *, n_ctx: int = 2048, n_batch: int = 512, n_threads: int = 2,
+                 n_gpu_layers: int = 0, flash_attn: bool | None = None):
+        self.path = Path(path)
+        self.model = nat.load_model(self.path, n_gpu_layers)
+        self.arch = nat.model_arch(self.model)
+        self.n_embd = nat.n_embd(self.model)
+        self.n_vocab = nat.n_vocab(self.model)
+        self.ctx = nat.new_context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                                   flash_attn=flash_attn)
+        nat.set_feature_export(self.ctx, True, per_output=False)
+
+    def decode(self, tokens, pos, outputs=None):
+        nat.decode(self.ctx, nat.Batch(tokens, pos, outputs=outputs))
+
+    def logits(self, i: int) -> np.ndarray:
+        return nat.logits_ith(self.ctx, i, self.n_vocab)
+
+    def feature(self, i: int) -> np.ndarray:
+        return nat.features_ith(self.ctx, i, self.n_embd)
+
+    def close(self) -> None:
+        if self.ctx:
+            nat.llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            nat.llama_cpp.llama_model_free(self.model)
+            self.model = None
+
+    def __del__(self):
+        self.close()
+
+
+class EagleDraft:
+    """An `eagle2` GGUF head. Token embeddings and lm_head come from the target when the GGUF has none."""
+
+    def __init__(self, path: str | Path, target: TargetModel, *, n_ctx: int = 2048, n_batch: int = 512,
+                 n_threads: int = 2, n_gpu_layers: int = 0, flash_attn: bool | None = None):
+        self.path = Path(path)
+        self.target = target
+        self.model = nat.load_model(self.path, n_gpu_layers)
+        arch = nat.model_arch(self.model)
+        if arch != "eagle2":
+            nat.llama_cpp.llama_model_free(self.model)
+            self.model = None
+            raise nat.EagleError(f"{self.path}: architecture '{arch}' is not an EAGLE-1/2 draft (eagle2)")
+        self.n_embd = nat.n_embd(self.model)
+        self.n_vocab = nat.n_vocab(self.model)
+        try:
+            # the patched context checks hidden size, vocabulary and target family
+            self.ctx = nat.new_context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                                       flash_attn=flash_attn, ctx_other=target.ctx)
+        except nat.EagleError as e:
+            nat.llama_cpp.llama_model_free(self.model)
+            self.model = None
+            raise nat.EagleError(f"{self.path}: draft does not fit target {target.path.name}: {e}") from None
+        nat.set_feature_export(self.ctx, True, per_output=True)
+
+    def forward(self, tokens, feats, pos, outputs=None):
+        """Decodes pairs (token[i], feats[i]) at positions pos; returns (logits, hidden) of the outputs."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        outputs = np.ones(len(tokens), dtype=np.int8) if outputs is None else np.asarray(outputs, dtype=np.int8)
+        nat.decode(self.ctx, nat.Batch(tokens, pos, feats=feats, outputs=outputs))
+        idx = np.flatnonzero(outputs)  # both getters take batch indices
+        if len(idx) == 0:
+            return None, None
+        logits = np.stack([nat.logits_ith(self.ctx, int(i), self.n_vocab) for i in idx])
+        hidden = np.stack([nat.features_ith(self.ctx, int(i), self.n_embd) for i in idx])
+        return logits, hidden
+
+    def clear(self) -> None:
+        nat.clear_memory(self.ctx)
+
+    def close(self) -> None:
+        if self.ctx:
+            nat.llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            nat.llama_cpp.llama_model_free(self.model)
+            self.model = None
+
+    def __del__(self):
+        self.close()
