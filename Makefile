@@ -1,6 +1,6 @@
 # One-command set-up: `make demo` runs the main job, `make test` runs the tests.
 # Downloads (the llama-cpp-python sdist, models) are cached in $(EAGLE_LLAMACPP_CACHE),
-# keyed by sha256, and the C/C++ build uses ccache when it is installed.
+# keyed by sha256, and the C/C++ build uses ccache (installed if missing).
 
 PYTHON     ?= python3
 VENV       ?= .venv
@@ -8,7 +8,6 @@ BUILD      ?= build
 CMAKE_ARGS ?=
 JOBS       ?= $(shell nproc)
 export EAGLE_LLAMACPP_CACHE ?= $(HOME)/.cache/eagle-llamacpp
-export CCACHE_DIR ?= $(EAGLE_LLAMACPP_CACHE)/ccache
 
 SDIST_SHA := 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 SDIST     := $(EAGLE_LLAMACPP_CACHE)/sdist/$(SDIST_SHA)/llama_cpp_python-0.3.36.tar.gz

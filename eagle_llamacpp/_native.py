@@ -41,11 +41,12 @@ def _import_llama_cpp():
                              "or set EAGLE_LLAMACPP_LIB")
         os.environ["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
     import llama_cpp  # noqa: PLC0415 (import after LLAMA_CPP_LIB_PATH is set)
+    import llama_cpp.llama_cpp as llama_cpp_low  # noqa: PLC0415
 
     for sym in _PATCHED_SYMBOLS:
-        if not hasattr(llama_cpp._lib, sym):
+        if not hasattr(llama_cpp_low._lib, sym):
             raise EagleError(
-                f"llama_cpp loaded an unpatched libllama ({llama_cpp._lib._name}); "
+                f"llama_cpp loaded an unpatched libllama ({llama_cpp_low._lib._name}); "
                 f"eagle_llamacpp needs the patched build in {lib_dir}. Import eagle_llamacpp "
                 "before llama_cpp, or set LLAMA_CPP_LIB_PATH to that folder.")
     return llama_cpp
@@ -54,7 +55,7 @@ def _import_llama_cpp():
 llama_cpp = _import_llama_cpp()
 import llama_cpp.llama_cpp_ext as llama_cpp_ext  # noqa: E402
 
-lib = llama_cpp._lib
+lib = llama_cpp.llama_cpp._lib
 
 
 # --- logging: keep llama.cpp quiet, but remember errors so exceptions can carry them ---------
@@ -94,12 +95,19 @@ def last_errors() -> str:
 
 # --- models and contexts ---------------------------------------------------------------------
 
+def _use_extra_bufts() -> bool:
+    # ggml's AMX repacked q8_0 matmul segfaults on small matrices (seen with a 64-wide draft head);
+    # EAGLE_LLAMACPP_NO_REPACK=1 turns the CPU's repacked weight buffers off
+    return not os.environ.get("EAGLE_LLAMACPP_NO_REPACK")
+
+
 def load_model(path: str | os.PathLike, n_gpu_layers: int = 0):
     path = Path(path)
     if not path.is_file():
         raise EagleError(f"{path}: no such file")
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
+    params.use_extra_bufts = _use_extra_bufts()
     last_errors()
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     if not model:

@@ -12,6 +12,9 @@ from . import _native as nat
 class TargetModel:
     """A target model whose context exports the final hidden state of every batch token."""
 
+    model = None
+    ctx = None
+
     def __init__(self, path: str | Path, *, n_ctx: int = 2048, n_batch: int = 512, n_threads: int = 2,
                  n_gpu_layers: int = 0, flash_attn: bool | None = None):
         self.path = Path(path)
@@ -46,6 +49,9 @@ class TargetModel:
 
 class EagleDraft:
     """An `eagle2` GGUF head. Token embeddings and lm_head come from the target when the GGUF has none."""
+
+    model = None
+    ctx = None
 
     def __init__(self, path: str | Path, target: TargetModel, *, n_ctx: int = 2048, n_batch: int = 512,
                  n_threads: int = 2, n_gpu_layers: int = 0, flash_attn: bool | None = None):

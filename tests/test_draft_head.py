@@ -11,10 +11,11 @@ from reference_eagle import head_forward
 from tiny_models import make_head, save_head, write_target
 
 # Max |llama.cpp - reference| / max |reference| per outtype. The reference uses the weights as
-# stored in the GGUF (dequantized), so what is left is llama.cpp's arithmetic: f32 is exact up to
-# accumulation order; with f16/bf16 weights the CPU matmul rounds activations to f16/bf16 (~1e-3);
-# with q8_0 weights it quantizes activations to 8 bits per block of 32 (~1e-2).
-TOLERANCE = {"f32": 1e-4, "f16": 5e-3, "bf16": 2e-2, "q8_0": 3e-2}
+# stored in the GGUF (dequantized), so what is left is llama.cpp's arithmetic. Even with f32
+# weights llama.cpp stores K and V in its f16 KV cache (measured ~2e-4); with f16/bf16 weights
+# the CPU matmul also rounds activations to f16/bf16; with q8_0 weights it quantizes activations
+# to 8 bits per block of 32.
+TOLERANCE = {"f32": 1e-3, "f16": 5e-3, "bf16": 2e-2, "q8_0": 3e-2}
 
 GGUF_TO_OFFICIAL = {v: k for k, v in TENSOR_MAP.items()}
 
@@ -27,7 +28,7 @@ def weights_as_stored(path):
     return out
 
 
-def run_head(draft_path, target_path, n=12, seed=3, flash_attn=None):
+def run_head(draft_path, target_path, n=12, seed=3, flash_attn=False):
     rng = np.random.default_rng(seed)
     tokens = rng.integers(3, 320, n)
     target = TargetModel(target_path, n_ctx=256, n_batch=64, flash_attn=flash_attn)
@@ -46,7 +47,10 @@ def rel_err(a, b):
 
 @pytest.mark.parametrize("style,fmt", [("llama", "safetensors"), ("qwen2", "bin")])
 @pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0"])
-def test_logits_and_hidden_match_reference(style, fmt, outtype, head_folder, targets, tmp_path):
+def test_logits_and_hidden_match_reference(style, fmt, outtype, head_folder, targets, tmp_path, monkeypatch):
+    if outtype == "q8_0":
+        # ggml's AMX-repacked q8_0 matmul segfaults on these 64-wide matrices: use the plain kernel
+        monkeypatch.setenv("EAGLE_LLAMACPP_NO_REPACK", "1")
     folder, cfg, _ = head_folder(style, fmt)
     target_path, target_ts = targets[style]
     draft_path = convert(folder, tmp_path / "d.gguf", target=target_path, outtype=outtype)
@@ -66,7 +70,7 @@ def test_flash_attention_on_and_off(flash_attn, head_folder, targets, tmp_path):
     ref_logits, ref_hidden = head_forward(ts, cfg, target_ts["token_embd.weight"], target_ts["output.weight"],
                                           tokens, feats, pos)
     # flash attention on the CPU accumulates V in f16
-    tol = 5e-3 if flash_attn else 1e-4
+    tol = 5e-3 if flash_attn else 1e-3
     assert rel_err(hidden, ref_hidden) < tol
     assert rel_err(logits, ref_logits) < tol
 
@@ -79,7 +83,7 @@ def test_embedded_target_head_loads_and_matches(head_folder, targets, tmp_path):
     tokens, feats, pos, logits, hidden = run_head(draft_path, target_path)
     ref_logits, _ = head_forward(ts, cfg, target_ts["token_embd.weight"], target_ts["output.weight"],
                                  tokens, feats, pos)
-    assert rel_err(logits, ref_logits) < 1e-4
+    assert rel_err(logits, ref_logits) < 1e-3
 
 
 def test_tied_target_lends_its_embedding_as_lm_head(head_folder, tiny_dir, tmp_path):
@@ -90,7 +94,7 @@ def test_tied_target_lends_its_embedding_as_lm_head(head_folder, tiny_dir, tmp_p
     tokens, feats, pos, logits, _ = run_head(draft_path, target_path)
     ref_logits, _ = head_forward(ts, cfg, target_ts["token_embd.weight"], target_ts["token_embd.weight"],
                                  tokens, feats, pos)
-    assert rel_err(logits, ref_logits) < 1e-4
+    assert rel_err(logits, ref_logits) < 1e-3
 
 
 def test_draft_for_another_target_fails_at_load(head_folder, targets, tmp_path):
