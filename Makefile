@@ -8,6 +8,8 @@ BUILD      ?= build
 CMAKE_ARGS ?=
 JOBS       ?= $(shell nproc)
 export EAGLE_LLAMACPP_CACHE ?= $(HOME)/.cache/eagle-llamacpp
+# ccache keys on paths relative to the checkout, so a fresh clone elsewhere still hits
+export CCACHE_BASEDIR ?= $(CURDIR)
 
 SDIST_SHA := 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 SDIST     := $(EAGLE_LLAMACPP_CACHE)/sdist/$(SDIST_SHA)/llama_cpp_python-0.3.36.tar.gz

@@ -96,9 +96,11 @@ def last_errors() -> str:
 # --- models and contexts ---------------------------------------------------------------------
 
 def _use_extra_bufts() -> bool:
-    # ggml's AMX repacked q8_0 matmul segfaults on small matrices (seen with a 64-wide draft head);
-    # EAGLE_LLAMACPP_NO_REPACK=1 turns the CPU's repacked weight buffers off
-    return not os.environ.get("EAGLE_LLAMACPP_NO_REPACK")
+    # Off by default: on AMX CPUs ggml repacks weights into an extra buffer type, and the draft's
+    # matmuls then segfault in ggml_backend_amx_mul_mat (seen both with the draft's own q8_0
+    # weights and with the target's Q4_1 embeddings that the draft borrows). EAGLE_LLAMACPP_REPACK=1
+    # turns repacking back on.
+    return os.environ.get("EAGLE_LLAMACPP_REPACK") == "1"
 
 
 def load_model(path: str | os.PathLike, n_gpu_layers: int = 0):

@@ -47,10 +47,7 @@ def rel_err(a, b):
 
 @pytest.mark.parametrize("style,fmt", [("llama", "safetensors"), ("qwen2", "bin")])
 @pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0"])
-def test_logits_and_hidden_match_reference(style, fmt, outtype, head_folder, targets, tmp_path, monkeypatch):
-    if outtype == "q8_0":
-        # ggml's AMX-repacked q8_0 matmul segfaults on these 64-wide matrices: use the plain kernel
-        monkeypatch.setenv("EAGLE_LLAMACPP_NO_REPACK", "1")
+def test_logits_and_hidden_match_reference(style, fmt, outtype, head_folder, targets, tmp_path):
     folder, cfg, _ = head_folder(style, fmt)
     target_path, target_ts = targets[style]
     draft_path = convert(folder, tmp_path / "d.gguf", target=target_path, outtype=outtype)
