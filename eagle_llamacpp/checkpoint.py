@@ -151,10 +151,12 @@ def load_head(folder: str | Path) -> EagleHead:
         inter = int(cfg["intermediate_size"])
     except (KeyError, ValueError, TypeError) as e:
         raise CheckpointError(f"config.json: missing or bad field {e}") from None
-    head_dim = hidden // n_head
+    head_dim = hidden // n_head if n_head > 0 else 0
     kv_rows = tensors["layers.0.self_attn.k_proj.weight"].shape[0]
+    if head_dim == 0 or kv_rows == 0 or kv_rows % head_dim:
+        raise CheckpointError(f"k_proj.weight rows ({kv_rows}) are not a multiple of head_dim {head_dim}")
     # the KV head count comes from the tensors: some configs disagree with their checkpoints
-    n_head_kv = kv_rows // head_dim if head_dim else 0
+    n_head_kv = kv_rows // head_dim
     head = EagleHead(cfg, tensors, hidden, inter, n_head, n_head_kv,
                      float(cfg.get("rms_norm_eps", 1e-6)), float(cfg.get("rope_theta", 10000.0)))
     _check_shapes(head)
@@ -175,9 +177,6 @@ def _check_shapes(h: EagleHead) -> None:
         "layers.0.mlp.down_proj.weight": (H, I),
         "layers.0.post_attention_layernorm.weight": (H,),
     }
-    if h.n_head_kv == 0 or kv_rows_invalid(h):
-        raise CheckpointError(f"k_proj.weight rows ({h.tensors['layers.0.self_attn.k_proj.weight'].shape[0]}) "
-                              f"are not a multiple of head_dim {D}")
     for name, arr in h.tensors.items():
         want = expect[name]
         if len(arr.shape) != len(want) or any(w is not None and w != a for w, a in zip(want, arr.shape)):
@@ -185,7 +184,3 @@ def _check_shapes(h: EagleHead) -> None:
                                   f"{[w if w is not None else 'n_vocab' for w in want]} for hidden_size {H}")
     if h.n_head % h.n_head_kv:
         raise CheckpointError(f"{h.n_head} attention heads are not a multiple of {h.n_head_kv} KV heads")
-
-
-def kv_rows_invalid(h: EagleHead) -> bool:
-    return h.tensors["layers.0.self_attn.k_proj.weight"].shape[0] % h.head_dim != 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import sys
 import tempfile
 import time
@@ -25,7 +26,7 @@ def detokenize(model, token: int) -> str:
     from ._native import llama_cpp  # noqa: PLC0415
 
     vocab = llama_cpp.llama_model_get_vocab(model)
-    buf = (__import__("ctypes").c_char * 256)()
+    buf = (ctypes.c_char * 256)()
     n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
     return bytes(buf[:max(n, 0)]).decode("utf-8", "replace")
 

@@ -9,11 +9,26 @@ import numpy as np
 from . import _native as nat
 
 
-class TargetModel:
-    """A target model whose context exports the final hidden state of every batch token."""
+class _ModelContext:
+    """Owns one llama_model and its llama_context, freed together."""
 
     model = None
     ctx = None
+
+    def close(self) -> None:
+        if self.ctx:
+            nat.llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            nat.llama_cpp.llama_model_free(self.model)
+            self.model = None
+
+    def __del__(self):
+        self.close()
+
+
+class TargetModel(_ModelContext):
+    """A target model whose context exports the final hidden state of every batch token."""
 
     def __init__(self, path: str | Path, *, n_ctx: int = 2048, n_batch: int = 512, n_threads: int = 2,
                  n_gpu_layers: int = 0, flash_attn: bool | None = None):
@@ -35,23 +50,10 @@ class TargetModel:
     def feature(self, i: int) -> np.ndarray:
         return nat.features_ith(self.ctx, i, self.n_embd)
 
-    def close(self) -> None:
-        if self.ctx:
-            nat.llama_cpp.llama_free(self.ctx)
-            self.ctx = None
-        if self.model:
-            nat.llama_cpp.llama_model_free(self.model)
-            self.model = None
-
-    def __del__(self):
-        self.close()
 
 
-class EagleDraft:
+class EagleDraft(_ModelContext):
     """An `eagle2` GGUF head. Token embeddings and lm_head come from the target when the GGUF has none."""
-
-    model = None
-    ctx = None
 
     def __init__(self, path: str | Path, target: TargetModel, *, n_ctx: int = 2048, n_batch: int = 512,
                  n_threads: int = 2, n_gpu_layers: int = 0, flash_attn: bool | None = None):
@@ -89,14 +91,3 @@ class EagleDraft:
 
     def clear(self) -> None:
         nat.clear_memory(self.ctx)
-
-    def close(self) -> None:
-        if self.ctx:
-            nat.llama_cpp.llama_free(self.ctx)
-            self.ctx = None
-        if self.model:
-            nat.llama_cpp.llama_model_free(self.model)
-            self.model = None
-
-    def __del__(self):
-        self.close()
