@@ -130,3 +130,35 @@ def test_bad_input_one_line_error(kind, head_folder, targets, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("convert_eagle.py: error:"), r.stderr
     assert BAD_CASES[kind] in lines[0], lines[0]
     assert not out.exists()
+
+
+def test_sharded_safetensors_equal_single_file(head_folder, targets, tmp_path):
+    from safetensors.numpy import save_file
+    folder, cfg, ts = head_folder("qwen2")
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    (sharded / "config.json").write_text(json.dumps(cfg))
+    names = sorted(ts)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for shard, keys in shards.items():
+        save_file({k: ts[k] for k in keys}, str(sharded / shard))
+        weight_map.update({k: shard for k in keys})
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    a = convert(folder, tmp_path / "a.gguf", target=targets["qwen2"][0], outtype="f32")
+    b = convert(sharded, tmp_path / "b.gguf", target=targets["qwen2"][0], outtype="f32")
+    _, ta = gguf_tensors(a)
+    _, tb = gguf_tensors(b)
+    assert set(ta) == set(tb)
+    for name in ta:
+        np.testing.assert_array_equal(np.asarray(ta[name].data), np.asarray(tb[name].data), err_msg=name)
+
+
+def test_sharded_index_with_missing_shard_is_an_error(head_folder, targets, tmp_path):
+    folder, cfg, ts = head_folder("llama")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps(cfg))
+    (bad / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"fc.weight": "model-00001.safetensors"}}))
+    r = run_cli(bad, "--target", targets["llama"][0], "--outfile", tmp_path / "o.gguf")
+    assert r.returncode == 1 and "missing shard" in r.stderr and "Traceback" not in r.stderr
