@@ -40,8 +40,9 @@ def _import_llama_cpp():
             raise EagleError(f"patched libllama not found in {lib_dir}: run `make build` first "
                              "or set EAGLE_LLAMACPP_LIB")
         os.environ["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
-    import llama_cpp  # noqa: PLC0415 (import after LLAMA_CPP_LIB_PATH is set)
-    import llama_cpp.llama_cpp as llama_cpp_low  # noqa: PLC0415
+    # imported here: llama_cpp loads its library at import, from LLAMA_CPP_LIB_PATH
+    import llama_cpp
+    import llama_cpp.llama_cpp as llama_cpp_low
 
     for sym in _PATCHED_SYMBOLS:
         if not hasattr(llama_cpp_low._lib, sym):
@@ -53,7 +54,7 @@ def _import_llama_cpp():
 
 
 llama_cpp = _import_llama_cpp()
-import llama_cpp.llama_cpp_ext as llama_cpp_ext  # noqa: E402
+from llama_cpp import llama_cpp_ext
 
 lib = llama_cpp.llama_cpp._lib
 

@@ -54,7 +54,7 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
 
 def read_torch_bin(path: Path) -> dict[str, np.ndarray]:
     try:
-        import torch  # noqa: PLC0415 (only .bin checkpoints need torch)
+        import torch
     except ImportError:
         raise CheckpointError(f"{path.name}: reading .bin checkpoints needs PyTorch (pip install torch)") from None
     try:

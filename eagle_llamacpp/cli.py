@@ -13,7 +13,7 @@ import numpy as np
 
 
 def tokenize(model, text: str, add_special: bool = True) -> list[int]:
-    from ._native import llama_cpp  # noqa: PLC0415
+    from ._native import llama_cpp
 
     vocab = llama_cpp.llama_model_get_vocab(model)
     data = text.encode()
@@ -23,7 +23,7 @@ def tokenize(model, text: str, add_special: bool = True) -> list[int]:
 
 
 def detokenize(model, token: int) -> str:
-    from ._native import llama_cpp  # noqa: PLC0415
+    from ._native import llama_cpp
 
     vocab = llama_cpp.llama_model_get_vocab(model)
     buf = (ctypes.c_char * 256)()
@@ -33,9 +33,9 @@ def detokenize(model, token: int) -> str:
 
 def random_head_for(target_path: Path, folder: Path, seed: int = 0) -> Path:
     """An untrained EAGLE-1/2 head of the target's shape, in the official HF layout."""
-    import gguf  # noqa: PLC0415
+    import gguf
 
-    from .random_head import make_head, save_head  # noqa: PLC0415
+    from .random_head import make_head, save_head
 
     f = gguf.GGUFReader(target_path).fields
     arch = f["general.architecture"].contents()
@@ -49,9 +49,9 @@ def random_head_for(target_path: Path, folder: Path, seed: int = 0) -> Path:
 
 def cmd_demo(args) -> int:
     """Main job, first stage: convert a head for the default target and run it on a prompt."""
-    from . import models  # noqa: PLC0415
-    from .convert import convert  # noqa: PLC0415
-    from .draft import EagleDraft, TargetModel  # noqa: PLC0415
+    from . import models
+    from .convert import convert
+    from .draft import EagleDraft, TargetModel
 
     target_path = Path(args.target) if args.target else models.fetch(models.SMOLLM2_135M)
     with tempfile.TemporaryDirectory() as tmp:
@@ -98,11 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("-t", "--threads", type=int, default=2)
     args, rest = p.parse_known_args(argv)
     if args.cmd == "convert":
-        from .convert import main as convert_main  # noqa: PLC0415
+        from .convert import main as convert_main
         return convert_main(rest)
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
-    from ._native import EagleError  # noqa: PLC0415
+    from ._native import EagleError
     try:
         return cmd_demo(args)
     except EagleError as e:

@@ -50,7 +50,7 @@ class TargetInfo:
 
 def read_target(path: str | Path) -> TargetInfo:
     """Metadata of the target model, from its GGUF (preferred) or its HF folder."""
-    import gguf  # noqa: PLC0415
+    import gguf
 
     path = Path(path)
     if path.is_dir():
@@ -92,7 +92,7 @@ def check_compatible(head: EagleHead, target: TargetInfo) -> None:
 
 def _cast(arr: np.ndarray, outtype: str):
     """Returns (data, raw_dtype) for GGUFWriter.add_tensor. Vectors stay f32, as llama.cpp's converter does."""
-    import gguf  # noqa: PLC0415
+    import gguf
 
     if arr.ndim == 1 or outtype == "f32":
         return arr.astype(np.float32), None
@@ -106,7 +106,7 @@ def _cast(arr: np.ndarray, outtype: str):
 
 def _copy_target_tensors(writer, target: TargetInfo) -> None:
     """Embeds the target's token_embd and lm_head (bit for bit, any quant type)."""
-    import gguf  # noqa: PLC0415
+    import gguf
 
     reader = gguf.GGUFReader(target.gguf_path)
     by_name = {t.name: t for t in reader.tensors}
@@ -123,7 +123,7 @@ def _copy_target_tensors(writer, target: TargetInfo) -> None:
 
 
 def _copy_field(writer, fld) -> None:
-    import gguf  # noqa: PLC0415
+    import gguf
 
     vtype = fld.types[0]
     if vtype == gguf.GGUFValueType.ARRAY:
@@ -134,7 +134,7 @@ def _copy_field(writer, fld) -> None:
 
 def convert(head_dir: str | Path, outfile: str | Path, *, target: str | Path, outtype: str = "f16",
             embed_target_head: bool = False, force: bool = False, progress: bool = False) -> Path:
-    import gguf  # noqa: PLC0415
+    import gguf
 
     if outtype not in OUTTYPES:
         raise ConvertError(f"--outtype must be one of {', '.join(OUTTYPES)}")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+
 def make_head(hidden=64, inter=96, n_head=4, n_head_kv=4, *, fc_bias=True, qkv_bias=False,
               embed=False, seed=1, vocab=320) -> tuple[dict, dict]:
     """Random EAGLE-1/2 head: (config, tensors with official names)."""

@@ -5,7 +5,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny_models import make_head, save_head, write_target  # noqa: E402
+from tiny_models import make_head, save_head, write_target
 
 # head styles: llama-like (fc bias, MHA) and qwen2-like (qkv biases, GQA, no fc bias)
 HEAD_STYLES = {

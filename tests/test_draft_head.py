@@ -3,12 +3,12 @@
 import gguf
 import numpy as np
 import pytest
+from reference_eagle import head_forward
+from tiny_models import write_target
 
 from eagle_llamacpp import _native as nat
 from eagle_llamacpp.convert import TENSOR_MAP, convert
 from eagle_llamacpp.draft import EagleDraft, TargetModel
-from reference_eagle import head_forward
-from tiny_models import make_head, save_head, write_target
 
 # Max |llama.cpp - reference| / max |reference| per outtype. The reference uses the weights as
 # stored in the GGUF (dequantized), so what is left is llama.cpp's arithmetic. Even with f32

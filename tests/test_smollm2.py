@@ -3,12 +3,12 @@
 import gguf
 import numpy as np
 import pytest
+from reference_eagle import head_forward
 
 from eagle_llamacpp import models
 from eagle_llamacpp.cli import random_head_for, tokenize
 from eagle_llamacpp.convert import convert
 from eagle_llamacpp.draft import EagleDraft, TargetModel
-from reference_eagle import head_forward
 
 
 @pytest.fixture(scope="module")
