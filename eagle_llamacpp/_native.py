@@ -33,6 +33,16 @@ def library_dir() -> Path:
     return Path(env) if env else REPO_ROOT / "build" / "bin"
 
 
+def check_patched(cdll) -> None:
+    """Raises EagleError unless the ctypes library `cdll` is our patched libllama."""
+    missing = [sym for sym in _PATCHED_SYMBOLS if not hasattr(cdll, sym)]
+    if missing:
+        raise EagleError(
+            f"llama_cpp loaded an unpatched libllama ({cdll._name}); eagle_llamacpp needs the "
+            f"patched build in {library_dir()}. Import eagle_llamacpp before llama_cpp, or set "
+            "LLAMA_CPP_LIB_PATH to that folder.")
+
+
 def _import_llama_cpp():
     lib_dir = library_dir()
     if "llama_cpp" not in sys.modules:
@@ -44,12 +54,7 @@ def _import_llama_cpp():
     import llama_cpp
     import llama_cpp.llama_cpp as llama_cpp_low
 
-    for sym in _PATCHED_SYMBOLS:
-        if not hasattr(llama_cpp_low._lib, sym):
-            raise EagleError(
-                f"llama_cpp loaded an unpatched libllama ({llama_cpp_low._lib._name}); "
-                f"eagle_llamacpp needs the patched build in {lib_dir}. Import eagle_llamacpp "
-                "before llama_cpp, or set LLAMA_CPP_LIB_PATH to that folder.")
+    check_patched(llama_cpp_low._lib)
     return llama_cpp
 
 

@@ -162,3 +162,12 @@ def test_sharded_index_with_missing_shard_is_an_error(head_folder, targets, tmp_
     (bad / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"fc.weight": "model-00001.safetensors"}}))
     r = run_cli(bad, "--target", targets["llama"][0], "--outfile", tmp_path / "o.gguf")
     assert r.returncode == 1 and "missing shard" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_target_of_unsupported_family_is_refused(head_folder, tmp_path):
+    from tiny_models import write_target
+    folder, _, _ = head_folder("llama")
+    qwen3 = tmp_path / "qwen3.gguf"
+    write_target(qwen3, "qwen3")
+    r = run_cli(folder, "--target", qwen3, "--outfile", tmp_path / "o.gguf")
+    assert r.returncode == 1 and "target architecture 'qwen3' is not supported" in r.stderr

@@ -149,3 +149,22 @@ def test_target_exports_final_hidden_state_for_every_token(targets):
         np.testing.assert_allclose(feats[-1] @ lm.T, target.logits(len(toks) - 1), rtol=1e-4, atol=1e-4)
         # and rows differ per token (not one repeated or zero row)
         assert np.all(np.abs(feats).sum(1) > 0) and len({r.tobytes() for r in feats}) == len(toks)
+
+
+def test_target_of_another_family_fails_at_load(head_folder, targets, tmp_path):
+    folder, _, _ = head_folder("llama")
+    draft_path = convert(folder, tmp_path / "d.gguf", target=targets["llama"][0], outtype="f32")
+    qwen3 = tmp_path / "qwen3.gguf"
+    write_target(qwen3, "qwen3")  # same hidden size and vocabulary, another family
+    target = TargetModel(qwen3, n_ctx=128, n_batch=32)
+    with pytest.raises(nat.EagleError, match="target architecture 'qwen3' is not supported"):
+        EagleDraft(draft_path, target, n_ctx=128, n_batch=32)
+
+
+def test_unpatched_library_is_detected():
+    import ctypes
+
+    nat.check_patched(nat.lib)  # the library in use is ours
+    other = ctypes.CDLL(str(nat.library_dir() / "libggml-base.so"))  # any library without our symbols
+    with pytest.raises(nat.EagleError, match="unpatched libllama"):
+        nat.check_patched(other)

@@ -64,6 +64,9 @@ def write_target(path: Path, arch: str, *, n_embd=64, n_layer=2, n_head=4, n_hea
             out[p + "attn_q.bias"] = t(n_head * hd, scale=0.1)
             out[p + "attn_k.bias"] = t(n_head_kv * hd, scale=0.1)
             out[p + "attn_v.bias"] = t(n_head_kv * hd, scale=0.1)
+        if arch == "qwen3":
+            out[p + "attn_q_norm.weight"] = np.ones(hd, np.float32)
+            out[p + "attn_k_norm.weight"] = np.ones(hd, np.float32)
         out[p + "attn_output.weight"] = t(n_embd, n_head * hd)
         out[p + "ffn_norm.weight"] = (1 + 0.1 * rng.standard_normal(n_embd)).astype(np.float32)
         out[p + "ffn_gate.weight"] = t(n_ff, n_embd)
