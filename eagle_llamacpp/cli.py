@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ctypes
 import sys
 import tempfile
 import time
@@ -12,46 +11,12 @@ from pathlib import Path
 import numpy as np
 
 
-def tokenize(model, text: str, add_special: bool = True) -> list[int]:
-    from ._native import llama_cpp
-
-    vocab = llama_cpp.llama_model_get_vocab(model)
-    data = text.encode()
-    buf = (llama_cpp.llama_token * (len(data) + 16))()
-    n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, len(buf), add_special, True)
-    return list(buf[:n])
-
-
-def detokenize(model, token: int) -> str:
-    from ._native import llama_cpp
-
-    vocab = llama_cpp.llama_model_get_vocab(model)
-    buf = (ctypes.c_char * 256)()
-    n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
-    return bytes(buf[:max(n, 0)]).decode("utf-8", "replace")
-
-
-def random_head_for(target_path: Path, folder: Path, seed: int = 0) -> Path:
-    """An untrained EAGLE-1/2 head of the target's shape, in the official HF layout."""
-    import gguf
-
-    from .random_head import make_head, save_head
-
-    f = gguf.GGUFReader(target_path).fields
-    arch = f["general.architecture"].contents()
-    hidden = int(f[f"{arch}.embedding_length"].contents())
-    cfg, ts = make_head(hidden=hidden, inter=int(f[f"{arch}.feed_forward_length"].contents()),
-                        n_head=int(f[f"{arch}.attention.head_count"].contents()),
-                        n_head_kv=int(f[f"{arch}.attention.head_count_kv"].contents()),
-                        vocab=len(f["tokenizer.ggml.tokens"].data), seed=seed)
-    return save_head(folder, cfg, ts)
-
-
 def cmd_demo(args) -> int:
     """Main job, first stage: convert a head for the default target and run it on a prompt."""
     from . import models
     from .convert import convert
     from .draft import EagleDraft, TargetModel
+    from .random_head import head_for_target
 
     target_path = Path(args.target) if args.target else models.fetch(models.SMOLLM2_135M)
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,12 +24,12 @@ def cmd_demo(args) -> int:
             draft_path = Path(args.draft)
         else:
             print("no trained head given: converting an untrained head of the target's shape")
-            head = random_head_for(target_path, Path(tmp) / "head")
+            head = head_for_target(target_path, Path(tmp) / "head")
             draft_path = convert(head, Path(tmp) / "draft.gguf", target=target_path, outtype="f16")
         target = TargetModel(target_path, n_ctx=512, n_threads=args.threads)
         draft = EagleDraft(draft_path, target, n_ctx=512, n_threads=args.threads)
 
-        toks = tokenize(target.model, args.prompt)
+        toks = target.tokenize(args.prompt)
         t0 = time.perf_counter()
         target.decode(toks, np.arange(len(toks)), outputs=np.ones(len(toks), np.int8))
         t_target = time.perf_counter() - t0
@@ -77,8 +42,8 @@ def cmd_demo(args) -> int:
         draft_next = logits.argmax(1)
         agree = float(np.mean(draft_next == np.asarray(target_next[1:])))
         print(f"prompt: {args.prompt!r} ({len(toks)} tokens)")
-        print(f"target's next token: {detokenize(target.model, target_next[-1])!r}, "
-              f"draft's guess: {detokenize(target.model, int(draft_next[-1]))!r}")
+        print(f"target's next token: {target.piece(target_next[-1])!r}, "
+              f"draft's guess: {target.piece(int(draft_next[-1]))!r}")
         print(f"draft top-1 agrees with the target on {agree:.0%} of {len(draft_next)} positions")
         print(f"target prompt decode {t_target * 1e3:.1f} ms, draft decode {t_draft * 1e3:.1f} ms")
         draft.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,23 @@ class TargetModel(_ModelContext):
         self.ctx = nat.new_context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                    flash_attn=flash_attn)
         nat.set_feature_export(self.ctx, True, per_output=False)
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        vocab = nat.llama_cpp.llama_model_get_vocab(self.model)
+        data = text.encode()
+        size = len(data) + 16
+        while True:
+            buf = (nat.llama_cpp.llama_token * size)()
+            n = nat.llama_cpp.llama_tokenize(vocab, data, len(data), buf, size, add_special, True)
+            if n >= 0:
+                return list(buf[:n])
+            size = -n  # too small: llama_tokenize returns minus the size it needs
+
+    def piece(self, token: int) -> str:
+        vocab = nat.llama_cpp.llama_model_get_vocab(self.model)
+        buf = (ctypes.c_char * 256)()
+        n = nat.llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+        return bytes(buf[:max(n, 0)]).decode("utf-8", "replace")
 
     def decode(self, tokens, pos, outputs=None):
         nat.decode(self.ctx, nat.Batch(tokens, pos, outputs=outputs))

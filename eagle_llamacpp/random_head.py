@@ -62,3 +62,17 @@ def save_head(folder: Path, cfg: dict, tensors: dict, fmt: str = "safetensors") 
     else:
         raise ValueError(fmt)
     return folder
+
+
+def head_for_target(target_gguf: Path, folder: Path, seed: int = 0) -> Path:
+    """An untrained head of the target's shape, saved in the official layout under folder."""
+    import gguf
+
+    f = gguf.GGUFReader(target_gguf).fields
+    arch = f["general.architecture"].contents()
+    cfg, ts = make_head(hidden=int(f[f"{arch}.embedding_length"].contents()),
+                        inter=int(f[f"{arch}.feed_forward_length"].contents()),
+                        n_head=int(f[f"{arch}.attention.head_count"].contents()),
+                        n_head_kv=int(f[f"{arch}.attention.head_count_kv"].contents()),
+                        vocab=len(f["tokenizer.ggml.tokens"].data), seed=seed)
+    return save_head(folder, cfg, ts)

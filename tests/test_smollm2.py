@@ -6,9 +6,9 @@ import pytest
 from reference_eagle import head_forward
 
 from eagle_llamacpp import models
-from eagle_llamacpp.cli import random_head_for, tokenize
 from eagle_llamacpp.convert import convert
 from eagle_llamacpp.draft import EagleDraft, TargetModel
+from eagle_llamacpp.random_head import head_for_target
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +22,11 @@ def dequantized(path, name):
 
 
 def test_head_borrowing_quantized_target_matches_reference(smollm2, tmp_path):
-    head = random_head_for(smollm2, tmp_path / "head", seed=7)
+    head = head_for_target(smollm2, tmp_path / "head", seed=7)
     draft_path = convert(head, tmp_path / "d.gguf", target=smollm2, outtype="f32")
     target = TargetModel(smollm2, n_ctx=256, n_batch=64, flash_attn=False)
     draft = EagleDraft(draft_path, target, n_ctx=256, n_batch=64, flash_attn=False)
-    toks = tokenize(target.model, "EAGLE drafts from the target's features.")
+    toks = target.tokenize("EAGLE drafts from the target's features.")
     rng = np.random.default_rng(0)
     feats = rng.standard_normal((len(toks), target.n_embd)).astype(np.float32)
     logits, _ = draft.forward(toks, feats, np.arange(len(toks)))
@@ -43,7 +43,7 @@ def test_head_borrowing_quantized_target_matches_reference(smollm2, tmp_path):
 def test_target_features_equal_chain_decoding(smollm2):
     """One batch of N tokens exports the same per-token features as N single-token decodes."""
     target = TargetModel(smollm2, n_ctx=256, n_batch=64, flash_attn=False)
-    toks = tokenize(target.model, "The quick brown fox jumps over the lazy dog")
+    toks = target.tokenize("The quick brown fox jumps over the lazy dog")
     out = np.zeros(len(toks), np.int8)
     out[-1] = 1
     target.decode(toks, np.arange(len(toks)), outputs=out)
