@@ -17,9 +17,10 @@ import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# C++ symbols that only the patched libllama exports (the eagle2 architecture's loader)
+# C functions that only the patched libllama exports (patches/0003-eagle-features-c-api.patch)
 _PATCHED_SYMBOLS = (
-    "_ZN18llama_model_eagle217load_arch_hparamsER18llama_model_loader",
+    "llama_set_eagle_features",
+    "llama_get_eagle_features_ith",
 )
 
 
@@ -59,9 +60,14 @@ def _import_llama_cpp():
 
 
 llama_cpp = _import_llama_cpp()
-from llama_cpp import llama_cpp_ext
 
 lib = llama_cpp.llama_cpp._lib
+
+# bindings for the functions our patches add to llama.h
+lib.llama_set_eagle_features.argtypes = [llama_cpp.llama_context_p_ctypes, ctypes.c_bool, ctypes.c_bool]
+lib.llama_set_eagle_features.restype = None
+lib.llama_get_eagle_features_ith.argtypes = [llama_cpp.llama_context_p_ctypes, ctypes.c_int32]
+lib.llama_get_eagle_features_ith.restype = ctypes.POINTER(ctypes.c_float)
 
 
 # --- logging: keep llama.cpp quiet, but remember errors so exceptions can carry them ---------
@@ -204,8 +210,8 @@ def logits_ith(ctx, i: int, n_vocab_: int) -> np.ndarray:
 
 
 def features_ith(ctx, i: int, n_embd_: int) -> np.ndarray:
-    """Per-token hidden state exported through t_h_nextn (target: final norm output; draft: prediction)."""
-    ptr = llama_cpp_ext.llama_get_embeddings_nextn_ith(ctx, i)
+    """Per-token feature row (target: final hidden state after the output norm; draft: its prediction)."""
+    ptr = lib.llama_get_eagle_features_ith(ctx, i)
     if not ptr:
         raise EagleError(f"no feature row for batch index {i}")
     return np.ctypeslib.as_array(ptr, shape=(n_embd_,)).copy()
@@ -213,7 +219,7 @@ def features_ith(ctx, i: int, n_embd_: int) -> np.ndarray:
 
 def set_feature_export(ctx, enable: bool, per_output: bool) -> None:
     """per_output=False: one row per batch token (target); True: one row per output (draft)."""
-    llama_cpp_ext.llama_set_embeddings_nextn(ctx, enable, per_output)
+    lib.llama_set_eagle_features(ctx, enable, per_output)
 
 
 def clear_memory(ctx) -> None:
