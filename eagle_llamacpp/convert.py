@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import gguf
 import numpy as np
 
 from .checkpoint import CheckpointError, EagleHead, load_head
@@ -50,8 +51,6 @@ class TargetInfo:
 
 def read_target(path: str | Path) -> TargetInfo:
     """Metadata of the target model, from its GGUF (preferred) or its HF folder."""
-    import gguf
-
     path = Path(path)
     if path.is_dir():
         cfg_path = path / "config.json"
@@ -92,8 +91,6 @@ def check_compatible(head: EagleHead, target: TargetInfo) -> None:
 
 def _cast(arr: np.ndarray, outtype: str):
     """Returns (data, raw_dtype) for GGUFWriter.add_tensor. Vectors stay f32, as llama.cpp's converter does."""
-    import gguf
-
     if arr.ndim == 1 or outtype == "f32":
         return arr.astype(np.float32), None
     if outtype == "f16":
@@ -106,8 +103,6 @@ def _cast(arr: np.ndarray, outtype: str):
 
 def _copy_target_tensors(writer, target: TargetInfo) -> None:
     """Embeds the target's token_embd and lm_head (bit for bit, any quant type)."""
-    import gguf
-
     reader = gguf.GGUFReader(target.gguf_path)
     by_name = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in by_name:
@@ -123,8 +118,6 @@ def _copy_target_tensors(writer, target: TargetInfo) -> None:
 
 
 def _copy_field(writer, fld) -> None:
-    import gguf
-
     vtype = fld.types[0]
     if vtype == gguf.GGUFValueType.ARRAY:
         writer.add_key_value(fld.name, fld.contents(), vtype, sub_type=fld.types[-1])
@@ -134,8 +127,6 @@ def _copy_field(writer, fld) -> None:
 
 def convert(head_dir: str | Path, outfile: str | Path, *, target: str | Path, outtype: str = "f16",
             embed_target_head: bool = False, force: bool = False, progress: bool = False) -> Path:
-    import gguf
-
     if outtype not in OUTTYPES:
         raise ConvertError(f"--outtype must be one of {', '.join(OUTTYPES)}")
     outfile = Path(outfile)

@@ -24,6 +24,9 @@ def gguf_tensors(path):
     return r, {t.name: t for t in r.tensors}
 
 
+HEAD_KV = {"llama": 4, "qwen2": 2}
+
+
 @pytest.mark.parametrize("style,fmt", [("llama", "safetensors"), ("qwen2", "bin")])
 def test_round_trip_f32(style, fmt, head_folder, targets, tmp_path):
     folder, cfg, ts = head_folder(style, fmt, embed=True)
@@ -39,8 +42,6 @@ def test_round_trip_f32(style, fmt, head_folder, targets, tmp_path):
     for name, arr in expected.items():
         np.testing.assert_array_equal(np.asarray(by_name[name].data).reshape(arr.shape), arr, err_msg=name)
 
-
-HEAD_KV = {"llama": 4, "qwen2": 2}
 
 
 def test_embed_target_head_copies_target_tensors(head_folder, targets, tmp_path):
