@@ -17,10 +17,12 @@ import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# C functions that only the patched libllama exports (patches/0003-eagle-features-c-api.patch)
+# C functions that only the patched libllama exports (patches 0003 and 0004)
 _PATCHED_SYMBOLS = (
     "llama_set_eagle_features",
     "llama_get_eagle_features_ith",
+    "llama_batch_ext_set_tree",
+    "llama_memory_tree_commit",
 )
 
 
@@ -68,6 +70,12 @@ lib.llama_set_eagle_features.argtypes = [llama_cpp.llama_context_p_ctypes, ctype
 lib.llama_set_eagle_features.restype = None
 lib.llama_get_eagle_features_ith.argtypes = [llama_cpp.llama_context_p_ctypes, ctypes.c_int32]
 lib.llama_get_eagle_features_ith.restype = ctypes.POINTER(ctypes.c_float)
+lib.llama_batch_ext_set_tree.argtypes = [llama_cpp.llama_batch_ext_p_ctypes, ctypes.c_int32, ctypes.c_int32,
+                                         ctypes.c_int32]
+lib.llama_batch_ext_set_tree.restype = ctypes.c_bool
+lib.llama_memory_tree_commit.argtypes = [llama_cpp.llama_memory_t_ctypes, llama_cpp.llama_seq_id,
+                                         ctypes.POINTER(ctypes.c_int32), ctypes.c_int32]
+lib.llama_memory_tree_commit.restype = ctypes.c_bool
 
 
 # --- logging: keep llama.cpp quiet, but remember errors so exceptions can carry them ---------
@@ -130,12 +138,14 @@ def load_model(path: str | os.PathLike, n_gpu_layers: int = 0):
 
 
 def new_context(model, *, n_ctx: int, n_batch: int, n_threads: int, flash_attn: bool | None = None,
-                ctx_other=None, embeddings: bool = False, n_seq_max: int = 1):
+                ctx_other=None, embeddings: bool = False, n_seq_max: int = 1, kv_unified: bool = True,
+                n_ubatch: int | None = None):
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = n_ctx
     params.n_batch = n_batch
-    params.n_ubatch = n_batch
+    params.n_ubatch = n_ubatch or n_batch
     params.n_seq_max = n_seq_max
+    params.kv_unified = kv_unified
     params.n_threads = n_threads
     params.n_threads_batch = n_threads
     params.embeddings = embeddings
@@ -166,40 +176,56 @@ def n_vocab(model) -> int:
     return int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)))
 
 
-# --- batches carrying token ids and (optionally) one feature row per token -------------------
+# --- batches ---------------------------------------------------------------------------------
 
-class Batch:
-    """A llama_batch whose arrays are numpy-owned; tokens may carry a feature row each."""
+def decode(ctx, tokens, pos, *, outputs=None, feats=None, seq_ids=None, tree=None) -> None:
+    """One llama_decode of `tokens` at positions `pos`, through a llama_batch_ext.
 
-    def __init__(self, tokens, pos, *, feats=None, outputs=None, seq_id: int = 0):
-        n = len(tokens)
-        self.token = np.ascontiguousarray(tokens, dtype=np.int32)
-        self.pos = np.ascontiguousarray(pos, dtype=np.int32)
-        self.n_seq_id = np.ones(n, dtype=np.int32)
-        self.seq_ids = np.full(n, seq_id, dtype=np.int32)
-        self.seq_ptrs = (ctypes.POINTER(llama_cpp.llama_seq_id) * n)()
+    outputs: 0/1 per token, whether it produces logits (default: every token).
+    feats:   one feature row per token (the draft's second input).
+    seq_ids: the sequence of each token (default 0).
+    tree:    (nodes, parents) per token: the tokens become nodes of a token tree
+             (llama_batch_ext_set_tree): each one attends to the committed cells of its sequence and
+             to its own ancestors only. Close the tree with tree_commit().
+    """
+    n = len(tokens)
+    tokens = np.asarray(tokens, dtype=np.int32)
+    pos = np.ascontiguousarray(pos, dtype=np.int32)
+    outputs = np.ones(n, dtype=bool) if outputs is None else np.asarray(outputs, dtype=bool)
+    seq_ids = np.zeros(n, dtype=np.int32) if seq_ids is None else np.broadcast_to(np.asarray(seq_ids), (n,))
+    if feats is not None:
+        feats = np.ascontiguousarray(feats, dtype=np.float32)
+        row = llama_cpp.llama_embd(None, 1, feats.shape[1])
+        row_bytes = feats.shape[1] * 4
+    if tree is not None:
+        nodes, parents = (np.asarray(a, dtype=np.int64) for a in tree)
+
+    batch = lib.llama_batch_ext_init(ctx)
+    try:
         for i in range(n):
-            self.seq_ptrs[i] = ctypes.cast(self.seq_ids[i:].ctypes.data, ctypes.POINTER(llama_cpp.llama_seq_id))
-        self.logits = np.ones(n, dtype=np.int8) if outputs is None else np.ascontiguousarray(outputs, dtype=np.int8)
-        self.feats = None if feats is None else np.ascontiguousarray(feats, dtype=np.float32)
-
-        b = llama_cpp.llama_batch()
-        b.n_tokens = n
-        b.token = self.token.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
-        b.embd = (self.feats.ctypes.data_as(ctypes.POINTER(ctypes.c_float)) if self.feats is not None
-                  else ctypes.POINTER(ctypes.c_float)())
-        b.pos = self.pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
-        b.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        b.seq_id = self.seq_ptrs
-        b.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
-        self.c = b
-
-
-def decode(ctx, batch: Batch) -> None:
-    last_errors()
-    rc = llama_cpp.llama_decode(ctx, batch.c)
+            idx = lib.llama_batch_ext_add_token(batch, int(seq_ids[i]), int(tokens[i]))
+            if idx < 0:
+                raise EagleError(f"cannot add token {i} (id {int(tokens[i])}, seq {int(seq_ids[i])}) to the "
+                                 f"batch: " + {-1: f"more than n_batch = {llama_cpp.llama_n_batch(ctx)} tokens",
+                                               -2: "invalid token id", -3: "invalid sequence id"}.get(idx, str(idx)))
+            lib.llama_batch_ext_set_pos(batch, idx, ctypes.cast(pos.ctypes.data + 4 * i, _INT32_P))
+            lib.llama_batch_ext_set_output_logits(batch, idx, bool(outputs[i]))
+            if feats is not None:
+                row.data = ctypes.cast(feats.ctypes.data + row_bytes * i, _FLOAT_P)
+                if not lib.llama_batch_ext_set_embd_token(batch, idx, row):
+                    raise EagleError(f"feature row {i}: {last_errors() or 'rejected'}")
+            if tree is not None and not lib.llama_batch_ext_set_tree(batch, idx, int(nodes[i]), int(parents[i])):
+                raise EagleError(f"token {i}: invalid tree node {int(nodes[i])} / parent {int(parents[i])}")
+        last_errors()
+        rc = lib.llama_process(ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, batch)
+    finally:
+        lib.llama_batch_ext_free(batch)
     if rc != 0:
         raise EagleError(f"llama_decode failed ({rc}): {last_errors() or 'see log'}")
+
+
+_INT32_P = ctypes.POINTER(ctypes.c_int32)
+_FLOAT_P = ctypes.POINTER(ctypes.c_float)
 
 
 def logits_ith(ctx, i: int, n_vocab_: int) -> np.ndarray:
@@ -224,3 +250,28 @@ def set_feature_export(ctx, enable: bool, per_output: bool) -> None:
 
 def clear_memory(ctx) -> None:
     llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+
+
+def tree_commit(ctx, keep, seq_id: int = 0) -> None:
+    """Keeps the open-tree nodes `keep` (a path from a root) as ordinary cells and drops the rest
+    of the open tree of `seq_id`; keep=() drops the whole tree. Metadata only, no K/V copies."""
+    keep = np.ascontiguousarray(keep, dtype=np.int32)
+    last_errors()
+    if not lib.llama_memory_tree_commit(llama_cpp.llama_get_memory(ctx), seq_id,
+                                        keep.ctypes.data_as(_INT32_P), len(keep)):
+        raise EagleError(f"tree commit of {keep.tolist()} failed: {last_errors() or 'see log'}")
+
+
+def seq_pos_max(ctx, seq_id: int = 0) -> int:
+    """Largest position of seq_id in the memory (open-tree nodes included), -1 if empty."""
+    return int(llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(ctx), seq_id))
+
+
+def seq_pos_min(ctx, seq_id: int = 0) -> int:
+    return int(llama_cpp.llama_memory_seq_pos_min(llama_cpp.llama_get_memory(ctx), seq_id))
+
+
+def seq_rm(ctx, seq_id: int, p0: int, p1: int = -1) -> None:
+    """Removes the cells of seq_id with positions in [p0, p1) (p1 < 0: to the end)."""
+    if not llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), seq_id, p0, p1):
+        raise EagleError(f"cannot remove positions [{p0}, {p1}) of sequence {seq_id}")

@@ -32,14 +32,16 @@ class TargetModel(_ModelContext):
     """A target model whose context exports the final hidden state of every batch token."""
 
     def __init__(self, path: str | Path, *, n_ctx: int = 2048, n_batch: int = 512, n_threads: int = 2,
-                 n_gpu_layers: int = 0, flash_attn: bool | None = None):
+                 n_gpu_layers: int = 0, flash_attn: bool | None = None, n_seq_max: int = 1,
+                 kv_unified: bool = True, n_ubatch: int | None = None):
         self.path = Path(path)
         self.model = nat.load_model(self.path, n_gpu_layers)
         self.arch = nat.model_arch(self.model)
         self.n_embd = nat.n_embd(self.model)
         self.n_vocab = nat.n_vocab(self.model)
         self.ctx = nat.new_context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-                                   flash_attn=flash_attn)
+                                   flash_attn=flash_attn, n_seq_max=n_seq_max, kv_unified=kv_unified,
+                                   n_ubatch=n_ubatch)
         nat.set_feature_export(self.ctx, True, per_output=False)
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -59,15 +61,18 @@ class TargetModel(_ModelContext):
         n = nat.llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
         return bytes(buf[:max(n, 0)]).decode("utf-8", "replace")
 
-    def decode(self, tokens, pos, outputs=None):
-        nat.decode(self.ctx, nat.Batch(tokens, pos, outputs=outputs))
+    def decode(self, tokens, pos, outputs=None, *, tree=None, seq_ids=None):
+        """Decodes tokens at positions pos; tree=(nodes, parents) decodes them as a token tree."""
+        nat.decode(self.ctx, tokens, pos, outputs=outputs, tree=tree, seq_ids=seq_ids)
+
+    def tree_commit(self, keep, seq_id: int = 0) -> None:
+        nat.tree_commit(self.ctx, keep, seq_id)
 
     def logits(self, i: int) -> np.ndarray:
         return nat.logits_ith(self.ctx, i, self.n_vocab)
 
     def feature(self, i: int) -> np.ndarray:
         return nat.features_ith(self.ctx, i, self.n_embd)
-
 
 
 class EagleDraft(_ModelContext):
@@ -99,7 +104,7 @@ class EagleDraft(_ModelContext):
         """Decodes pairs (token[i], feats[i]) at positions pos; returns (logits, hidden) of the outputs."""
         tokens = np.asarray(tokens, dtype=np.int32)
         outputs = np.ones(len(tokens), dtype=np.int8) if outputs is None else np.asarray(outputs, dtype=np.int8)
-        nat.decode(self.ctx, nat.Batch(tokens, pos, feats=feats, outputs=outputs))
+        nat.decode(self.ctx, tokens, pos, feats=feats, outputs=outputs)
         idx = np.flatnonzero(outputs)  # both getters take batch indices
         if len(idx) == 0:
             return None, None
