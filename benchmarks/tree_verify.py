@@ -55,7 +55,7 @@ def timed(fn) -> float:
 
 
 def bench_model(name: str, reps: int, n_threads: int, rng) -> list[dict]:
-    target = TargetModel(models.fetch(models.MODELS[name]), n_ctx=1024, n_batch=64, n_threads=n_threads)
+    target = TargetModel(models.fetch(models.MODELS[name]), n_ctx=1024, n_batch=128, n_threads=n_threads)
     prompt = target.tokenize(PROMPT)[:128]
     target.decode(prompt, np.arange(len(prompt)), outputs=np.zeros(len(prompt), np.int8))
     p = len(prompt)
