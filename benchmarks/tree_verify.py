@@ -24,9 +24,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eagle_llamacpp import _native as nat  # noqa: E402
-from eagle_llamacpp import models  # noqa: E402
-from eagle_llamacpp.draft import TargetModel  # noqa: E402
+from eagle_llamacpp import _native as nat
+from eagle_llamacpp import models
+from eagle_llamacpp.draft import TargetModel
 
 SIZES = (1, 2, 4, 8, 16, 32, 48, 64)
 PROMPT = ("Write a Python function that parses a CSV file of orders, groups them by customer and "
@@ -48,9 +48,9 @@ def eagle_like_tree(rng, n_nodes: int, top_k: int = 4, max_depth: int = 6):
     return np.array(parents), np.array(depth)
 
 
-def timed(fn) -> float:
+def timed(fn, *args) -> float:
     t0 = time.perf_counter()
-    fn()
+    fn(*args)
     return (time.perf_counter() - t0) * 1e3
 
 
@@ -76,9 +76,9 @@ def bench_model(name: str, reps: int, n_threads: int, rng) -> list[dict]:
         tree(n, parents, depth)  # warm-up: graph allocation for this size
         chain(n)
         for _ in range(reps):
-            t_tree.append(timed(lambda: tree(n, parents, depth)))
-            t_chain.append(timed(lambda: chain(n)))
-            t_one.append(timed(lambda: chain(1)))
+            t_tree.append(timed(tree, n, parents, depth))
+            t_chain.append(timed(chain, n))
+            t_one.append(timed(chain, 1))
         row = dict(model=name, n=n, depth=int(depth.max()), tree_ms=statistics.median(t_tree),
                    chain_ms=statistics.median(t_chain), one_ms=statistics.median(t_one))
         row["tree_over_chain"] = row["tree_ms"] / row["chain_ms"]
