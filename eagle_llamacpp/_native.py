@@ -235,6 +235,14 @@ def logits_ith(ctx, i: int, n_vocab_: int) -> np.ndarray:
     return np.ctypeslib.as_array(ptr, shape=(n_vocab_,)).copy()
 
 
+def argmax_ith(ctx, i: int, n_vocab_: int) -> int:
+    """The argmax of batch index i's logits, read in place (no copy of the vocabulary row)."""
+    ptr = llama_cpp.llama_get_logits_ith(ctx, i)
+    if not ptr:
+        raise EagleError(f"no logits for batch index {i}")
+    return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(n_vocab_,))))
+
+
 def features_ith(ctx, i: int, n_embd_: int) -> np.ndarray:
     """Per-token feature row (target: final hidden state after the output norm; draft: its prediction)."""
     ptr = lib.llama_get_eagle_features_ith(ctx, i)

@@ -125,12 +125,16 @@ class TreeBuilder:
         self._frontier = Frontier(child_tok.ravel()[sel].astype(np.int32), rows, ids[sel], f.flat[rows])
         return self._frontier
 
-    def build(self, root_token: int) -> DraftTree:
-        """The top total_tokens candidates, parents first, under the root."""
+    def candidate_scores(self) -> np.ndarray:
+        """Cumulative log-probabilities of all candidates so far, best first."""
+        return np.sort(np.concatenate(self._score))[::-1]
+
+    def build(self, root_token: int, total_tokens: int | None = None) -> DraftTree:
+        """The top total_tokens candidates (default: the builder's), parents first, under the root."""
         scores = np.concatenate(self._score)
         parents = np.concatenate(self._parent)
         tokens = np.concatenate(self._tok)
-        chosen = np.sort(top_k_desc(scores, self.total_tokens))
+        chosen = np.sort(top_k_desc(scores, total_tokens or self.total_tokens))
         node_of = {-1: 0}
         keep = []
         for c in chosen:  # ascending ids: a parent is always seen before its children

@@ -73,6 +73,10 @@ def test_target_distribution_warping():
     assert np.count_nonzero(p) == 2 and p[0] > p[1]
     p = target_distribution(logits, temperature=1.0, top_p=0.5)
     assert np.count_nonzero(p) == 1  # the top token alone already holds > 50%
+    p = target_distribution(logits, temperature=1.0, min_p=0.3)
+    assert np.count_nonzero(p) == 2  # e^-1 = 0.37 of the top token survives, e^-2 does not
     cold = target_distribution(logits, temperature=0.1)
     assert cold[0] > 0.999
     np.testing.assert_allclose(target_distribution(logits).sum(), 1.0)
+    # top-p is taken before the temperature, as in llama.cpp: a hot temperature widens nothing
+    assert np.count_nonzero(target_distribution(logits, temperature=5.0, top_p=0.5)) == 1
