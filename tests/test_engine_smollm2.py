@@ -1,0 +1,190 @@
+"""EagleLlama on SmolLM2-135M: greedy output equals llama-cpp-python's own Llama, token for token."""
+
+import numpy as np
+import pytest
+from oracle import OracleProposer, follow_reference
+
+from eagle_llamacpp import _native as nat
+from eagle_llamacpp import models
+from eagle_llamacpp.convert import convert
+from eagle_llamacpp.engine import EagleLlama, Sampling
+from eagle_llamacpp.random_head import head_for_target
+from eagle_llamacpp.stats import SpecStats
+
+PROMPTS = [
+    "The capital of France is", "def fibonacci(n):", "Once upon a time", "The three primary colors are",
+    "To make a cup of tea, first", "import numpy as np\n", "The largest planet in the solar system",
+    "Q: What is 12 times 12?\nA:", "Water boils at", "My favourite book is", "The quick brown fox",
+    "SELECT name FROM users WHERE", "In 1969, humans", "A haiku about autumn:\n", "The mitochondria is",
+    "Dear hiring manager,", "for i in range(10):", "The best way to learn a language is",
+    "Photosynthesis converts", "Here is a list of fruits: apple,",
+]
+N_TOKENS = 64
+NEAR_TIE = 0.25  # logits: a divergence is accepted only where the target's top-2 are this close
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return models.fetch(models.SMOLLM2_135M)
+
+
+@pytest.fixture(scope="module")
+def draft_gguf(smollm2, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("smol-head")
+    return convert(head_for_target(smollm2, tmp / "head"), tmp / "draft.gguf", target=smollm2, outtype="f16")
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2):
+    """llama-cpp-python's greedy output for every prompt."""
+    import llama_cpp.llama_cpp as low
+    from llama_cpp import Llama
+
+    # same weight layout as eagle_llamacpp: without ggml's repacking, which crashes on AMX CPUs
+    # (README, known limits); Llama() has no switch for it, so its default params are wrapped
+    default_params = low.llama_model_default_params
+
+    def no_repack():
+        params = default_params()
+        params.use_extra_bufts = nat._use_extra_bufts()
+        return params
+
+    low.llama_model_default_params = no_repack
+    try:
+        llm = Llama(str(smollm2), n_ctx=512, n_threads=2, verbose=False)
+    finally:
+        low.llama_model_default_params = default_params
+    out = {}
+    for p in PROMPTS:
+        toks = llm.tokenize(p.encode())
+        gen = []
+        for t in llm.generate(toks, temp=0.0, top_k=1):
+            gen.append(t)
+            if len(gen) == N_TOKENS or llm.token_eos() == t:
+                break
+        out[p] = (toks, gen)
+    llm.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2, draft_gguf):
+    e = EagleLlama(smollm2, draft_gguf, n_ctx=512, n_threads=2, flash_attn=False, tree=(8, 3, 3))
+    yield e
+    e.close()
+
+
+def top2_gap(engine, tokens):
+    t = engine.target
+    nat.clear_memory(t.ctx)
+    t.decode(tokens, np.arange(len(tokens)), outputs=np.eye(len(tokens), dtype=np.int8)[-1])
+    top = np.sort(t.logits(len(tokens) - 1))[-2:]
+    return float(top[1] - top[0])
+
+
+def check_same_or_near_tie(engine, prompt_toks, got, want):
+    for k, (a, b) in enumerate(zip(got, want)):
+        if a != b:
+            gap = top2_gap(engine, prompt_toks + want[:k])
+            assert gap < NEAR_TIE, f"diverged at token {k}: {a} vs {b}, top-2 gap {gap:.3f}"
+            return k
+    assert len(got) == len(want)
+    return None
+
+
+def test_greedy_equals_llama_cpp_python(engine, reference):
+    """20 prompts x 64 tokens. The draft is untrained, so an oracle makes some of its tree follow
+    the known continuation: accepted paths of every length get exercised, not only the bonus token."""
+    total = SpecStats()
+    divergences = []
+    for i, p in enumerate(PROMPTS):
+        prompt_toks, want = reference[p]
+        real = engine.proposer
+        engine.proposer = OracleProposer(real, prompt_toks, np.random.default_rng(i),
+                                         follow_reference(want, len(prompt_toks), p_follow=0.8))
+        try:
+            got = list(engine.generate(prompt_toks, len(want), Sampling(temperature=0), total))
+        finally:
+            engine.proposer = real
+        k = check_same_or_near_tie(engine, prompt_toks, got, want)
+        if k is not None:
+            divergences.append((p, k))
+    print(f"stats {total.as_dict()}; near-tie divergences {divergences}")
+    # accepted paths of length 1, 2 and 3 were all taken
+    assert total.accepted_at_depth[0] > 0.2 * total.rounds
+    assert len(total.accepted_at_depth) >= 3 and total.accepted_at_depth[2] > 0
+
+
+def test_untrained_head_alone_is_lossless(engine, reference):
+    for p in PROMPTS[:3]:
+        prompt_toks, want = reference[p]
+        got = list(engine.generate(prompt_toks, len(want), Sampling(temperature=0)))
+        check_same_or_near_tie(engine, prompt_toks, got, want)
+
+
+def test_auto_tree_is_lossless(smollm2, draft_gguf, reference, tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE_LLAMACPP_CACHE", str(tmp_path))  # measure here, leave the user's cache
+    e = EagleLlama(smollm2, draft_gguf, n_ctx=512, n_threads=2, flash_attn=False, tree="auto")
+    assert (tmp_path / "autotune").is_dir()
+    prompt_toks, want = reference[PROMPTS[0]]
+    got = list(e.generate(prompt_toks, len(want), Sampling(temperature=0)))
+    check_same_or_near_tie(e, prompt_toks, got, want)
+    e.close()
+
+
+def test_completion_shapes_stops_and_limits(engine):
+    r = engine.create_completion("The capital of France is", max_tokens=7, temperature=0)
+    assert r["object"] == "text_completion" and r["choices"][0]["finish_reason"] == "length"
+    assert r["usage"]["completion_tokens"] == 7
+    assert r["usage"]["prompt_tokens"] == len(engine.tokenize("The capital of France is"))
+    spec = r["speculative"]
+    assert spec["rounds"] >= 1 and spec["mean_acceptance_length"] >= 1.0 and spec["verify_ms"] > 0
+    text = r["choices"][0]["text"]
+
+    # a stop string cuts the text before it, and finishes with "stop"
+    word = text.split()[1]
+    s = engine.create_completion("The capital of France is", max_tokens=7, temperature=0, stop=[word])
+    assert s["choices"][0]["finish_reason"] == "stop"
+    assert s["choices"][0]["text"] == text[:text.index(word)]
+
+    # streaming gives the same text in pieces
+    chunks = list(engine.create_completion("The capital of France is", max_tokens=7, temperature=0, stream=True))
+    assert "".join(c["choices"][0]["text"] for c in chunks) == text
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and "usage" in chunks[-1]
+
+
+def test_chat_completion_uses_the_template(engine):
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    r = engine.create_chat_completion(msgs, max_tokens=24, temperature=0)
+    assert r["object"] == "chat.completion"
+    msg = r["choices"][0]["message"]
+    assert msg["role"] == "assistant" and "Paris" in msg["content"]
+    tokens, _ = engine.chat_prompt(msgs)
+    assert "<|im_start|>assistant" in "".join(engine.target.piece(t) for t in tokens)
+    stream = list(engine.create_chat_completion(msgs, max_tokens=24, temperature=0, stream=True))
+    assert stream[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in stream) == msg["content"]
+
+
+def test_eos_ends_generation(engine):
+    msgs = [{"role": "user", "content": "Say hi."}]
+    r = engine.create_chat_completion(msgs, max_tokens=400, temperature=0)
+    assert r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"]["completion_tokens"] < 400
+
+
+def test_full_context_and_bad_prompts(smollm2, draft_gguf, engine):
+    small = EagleLlama(smollm2, draft_gguf, n_ctx=64, n_threads=2, tree=(8, 3, 3))
+    prompt = small.tokenize("Count: one two three four five six seven eight nine ten")
+    out = list(small.generate(prompt, 1000, Sampling(temperature=0)))
+    assert len(prompt) + len(out) == small.n_ctx + 1  # the last token is generated, never decoded
+    assert small.last_finish_reason == "length"
+    r = small.create_completion("Count: one two three", max_tokens=None, temperature=0)
+    assert r["choices"][0]["finish_reason"] == "length"
+    with pytest.raises(nat.EagleError, match="the context holds 64"):
+        small.create_completion("word " * 80, max_tokens=4)
+    small.close()
+    with pytest.raises(nat.EagleError, match="empty"):
+        list(engine.generate([], 4))
+    with pytest.raises(nat.EagleError, match="outside the vocabulary"):
+        list(engine.generate([1, 10 ** 7], 4))
