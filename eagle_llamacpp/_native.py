@@ -162,10 +162,15 @@ def new_context(model, *, n_ctx: int, n_batch: int, n_threads: int, flash_attn: 
     return ctx
 
 
+def meta_str(model, key: str, size: int = 256) -> str | None:
+    """A GGUF metadata value as a string; None if the model has no such key."""
+    buf = ctypes.create_string_buffer(size)
+    n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+
 def model_arch(model) -> str:
-    buf = ctypes.create_string_buffer(64)
-    n = llama_cpp.llama_model_meta_val_str(model, b"general.architecture", buf, len(buf))
-    return buf.value.decode() if n >= 0 else ""
+    return meta_str(model, "general.architecture") or ""
 
 
 def n_embd(model) -> int:

@@ -114,7 +114,7 @@ class CompletionMixin:
         Jinja2 formatter, so templates render exactly as there)."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        template = self._meta("tokenizer.chat_template")
+        template = nat.meta_str(self.target.model, "tokenizer.chat_template", 1 << 17)
         if not template:
             raise nat.EagleError(f"{self.model_path} has no chat template (tokenizer.chat_template)")
         bos = nat.llama_cpp.llama_vocab_bos(self.vocab)
@@ -125,11 +125,6 @@ class CompletionMixin:
         tokens = self.tokenize(res.prompt, add_special=not getattr(res, "added_special", False))
         stop = res.stop if isinstance(res.stop, list) else [res.stop] if res.stop else []
         return tokens, stop
-
-    def _meta(self, key: str) -> str:
-        buf = ctypes.create_string_buffer(1 << 17)
-        n = nat.llama_cpp.llama_model_meta_val_str(self.target.model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else ""
 
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, temperature: float = 0.2,
                                top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, seed: int | None = None,

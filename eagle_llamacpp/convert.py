@@ -13,6 +13,7 @@ import gguf
 import numpy as np
 
 from .checkpoint import CheckpointError, EagleHead, load_head
+from .constants import TARGET_ARCH_KEY, TARGET_LAYERS_KEY, TARGET_NAME_KEY
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 SUPPORTED_TARGETS = ("llama", "qwen2")
@@ -45,6 +46,8 @@ class TargetInfo:
     arch: str
     hidden_size: int
     n_vocab: int
+    n_layer: int = 0
+    name: str = ""
     gguf_path: Path | None = None
     tokenizer_fields: list = field(default_factory=list)  # GGUFReader fields to copy
 
@@ -71,8 +74,10 @@ def read_target(path: str | Path) -> TargetInfo:
     arch = f["general.architecture"].contents()
     hidden = int(f[f"{arch}.embedding_length"].contents()) if f"{arch}.embedding_length" in f else 0
     n_vocab = len(f["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in f else 0
+    n_layer = int(f[f"{arch}.block_count"].contents()) if f"{arch}.block_count" in f else 0
+    name = f["general.name"].contents() if "general.name" in f else ""
     tok_fields = [fld for name, fld in f.items() if name.startswith("tokenizer.")]
-    return TargetInfo(arch, hidden, n_vocab, path, tok_fields)
+    return TargetInfo(arch, hidden, n_vocab, n_layer, name, path, tok_fields)
 
 
 def check_compatible(head: EagleHead, target: TargetInfo) -> None:
@@ -152,6 +157,10 @@ def convert(head_dir: str | Path, outfile: str | Path, *, target: str | Path, ou
         writer.add_rope_freq_base(head.rope_theta)
         writer.add_rope_dimension_count(head.head_dim)
         writer.add_target_hidden_size(tgt.hidden_size)
+        # which target the head was made for: checked at load (draft.py), beyond the shapes
+        writer.add_string(TARGET_ARCH_KEY, tgt.arch)
+        writer.add_uint32(TARGET_LAYERS_KEY, tgt.n_layer)
+        writer.add_string(TARGET_NAME_KEY, tgt.name)
         writer.add_file_type({"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}[outtype])
         for fld in tgt.tokenizer_fields:
             _copy_field(writer, fld)

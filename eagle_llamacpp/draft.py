@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ctypes
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from . import _native as nat
+from .constants import TARGET_ARCH_KEY, TARGET_LAYERS_KEY, TARGET_NAME_KEY
 
 
 class _ModelContext:
@@ -94,11 +96,28 @@ class EagleDraft(_ModelContext):
             # the patched context checks hidden size, vocabulary and target family
             self.ctx = nat.new_context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                        flash_attn=flash_attn, ctx_other=target.ctx)
+            self._check_made_for(target)
         except nat.EagleError as e:
-            nat.llama_cpp.llama_model_free(self.model)
-            self.model = None
+            self.close()
             raise nat.EagleError(f"{self.path}: draft does not fit target {target.path.name}: {e}") from None
         nat.set_feature_export(self.ctx, True, per_output=True)
+
+    def _check_made_for(self, target: TargetModel) -> None:
+        """A head converted for another target of the same shape would be lossless but useless:
+        refuse another family or depth; another name (a fine-tune, a re-upload) only warns."""
+        arch = nat.meta_str(self.model, TARGET_ARCH_KEY)
+        if arch is None:
+            return  # converted before these keys existed: the shape checks still apply
+        layers = int(nat.meta_str(self.model, TARGET_LAYERS_KEY) or 0)
+        n_layer = int(nat.llama_cpp.llama_model_n_layer(target.model))
+        if arch != target.arch or (layers and layers != n_layer):
+            raise nat.EagleError(f"the head was made for a {layers}-layer {arch} target, "
+                                 f"this target is a {n_layer}-layer {target.arch}")
+        name = nat.meta_str(self.model, TARGET_NAME_KEY)
+        target_name = nat.meta_str(target.model, "general.name")
+        if name and target_name and name != target_name:
+            warnings.warn(f"{self.path.name} was made for '{name}', the target is '{target_name}': "
+                          "expect low acceptance if they are different models", stacklevel=3)
 
     def forward(self, tokens, feats, pos, outputs=None):
         """Decodes pairs (token[i], feats[i]) at positions pos; returns (logits, hidden) of the outputs."""

@@ -65,13 +65,17 @@ class EagleLlama(CompletionMixin):
         n_threads = n_threads or os.cpu_count() or 2
         self.target = TargetModel(target_gguf, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                   n_gpu_layers=n_gpu_layers, flash_attn=flash_attn)
+        self.n_ctx = nat.llama_cpp.llama_n_ctx(self.target.ctx)  # llama.cpp rounds n_ctx up
         max_shape = GPU_TREE if n_gpu_layers != 0 else CPU_TREE
         self.shape = max_shape if tree == "auto" else tree if isinstance(tree, TreeShape) else TreeShape(*tree)
-        self.draft = EagleDraft(draft_gguf, self.target, n_ctx=n_ctx + self.shape.depth + 1, n_batch=n_batch,
-                                n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn)
+        try:
+            self.draft = EagleDraft(draft_gguf, self.target, n_ctx=self.n_ctx + self.shape.depth + 1, n_batch=n_batch,
+                                    n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn)
+        except nat.EagleError:
+            self.target.close()  # a draft for another target: free the target now, not at GC
+            raise
         self.model_path = str(Path(target_gguf))
-        self.n_ctx = nat.llama_cpp.llama_n_ctx(self.target.ctx)
-        self.n_batch = n_batch
+        self.n_batch = nat.llama_cpp.llama_n_batch(self.target.ctx)  # llama.cpp caps it at n_ctx
         self.proposer = EagleProposer(self.draft)
         self.scorer = TreeScorer(self.target)
         self.auto = (AutoTreeSize(self.target, n_threads=n_threads, n_gpu_layers=n_gpu_layers,

@@ -20,6 +20,7 @@ PROMPTS = [
     "Photosynthesis converts", "Here is a list of fruits: apple,",
 ]
 N_TOKENS = 64
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 NEAR_TIE = 0.25  # logits: a divergence is accepted only where the target's top-2 are this close
 
 
@@ -63,6 +64,7 @@ def reference(smollm2):
             if len(gen) == N_TOKENS or llm.token_eos() == t:
                 break
         out[p] = (toks, gen)
+    out["chat"] = llm.create_chat_completion(CHAT, max_tokens=24, temperature=0)["choices"][0]["message"]
     llm.close()
     return out
 
@@ -74,19 +76,30 @@ def engine(smollm2, draft_gguf):
     e.close()
 
 
-def top2_gap(engine, tokens):
+def reference_top2(engine, prompt_toks, generated):
+    """The target's two best next tokens and their logit gap, computed the way Llama computed them:
+    the prompt as one batch, then one token per decode."""
     t = engine.target
     nat.clear_memory(t.ctx)
-    t.decode(tokens, np.arange(len(tokens)), outputs=np.eye(len(tokens), dtype=np.int8)[-1])
-    top = np.sort(t.logits(len(tokens) - 1))[-2:]
-    return float(top[1] - top[0])
+    t.decode(prompt_toks, np.arange(len(prompt_toks)), outputs=np.eye(len(prompt_toks), dtype=np.int8)[-1])
+    last = len(prompt_toks) - 1
+    for j, tok in enumerate(generated):
+        t.decode([tok], [len(prompt_toks) + j], outputs=np.ones(1, np.int8))
+        last = 0
+    logits = t.logits(last)
+    second, first = np.argsort(logits)[-2:]
+    return int(first), int(second), float(logits[first] - logits[second])
 
 
 def check_same_or_near_tie(engine, prompt_toks, got, want):
+    """Returns the index of the first divergence (None if the outputs are equal). A divergence is
+    allowed only where the reference's own top-2 logits are within NEAR_TIE and EAGLE took the
+    runner-up: a batch of 8 tokens rounds differently from a batch of 1 (measured: 0.4 logits here)."""
     for k, (a, b) in enumerate(zip(got, want)):
         if a != b:
-            gap = top2_gap(engine, prompt_toks + want[:k])
-            assert gap < NEAR_TIE, f"diverged at token {k}: {a} vs {b}, top-2 gap {gap:.3f}"
+            first, second, gap = reference_top2(engine, prompt_toks, want[:k])
+            assert (first, second) == (b, a) and gap < NEAR_TIE, \
+                f"diverged at token {k}: {a} vs {b}; reference top-2 {first, second}, gap {gap:.3f}"
             return k
     assert len(got) == len(want)
     return None
@@ -153,12 +166,12 @@ def test_completion_shapes_stops_and_limits(engine):
     assert chunks[-1]["choices"][0]["finish_reason"] == "length" and "usage" in chunks[-1]
 
 
-def test_chat_completion_uses_the_template(engine):
-    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+def test_chat_completion_equals_llama_cpp_python(engine, reference):
+    msgs = CHAT
     r = engine.create_chat_completion(msgs, max_tokens=24, temperature=0)
     assert r["object"] == "chat.completion"
     msg = r["choices"][0]["message"]
-    assert msg["role"] == "assistant" and "Paris" in msg["content"]
+    assert msg == reference["chat"] and msg["content"]
     tokens, _ = engine.chat_prompt(msgs)
     assert "<|im_start|>assistant" in "".join(engine.target.piece(t) for t in tokens)
     stream = list(engine.create_chat_completion(msgs, max_tokens=24, temperature=0, stream=True))
@@ -173,18 +186,12 @@ def test_eos_ends_generation(engine):
     assert r["usage"]["completion_tokens"] < 400
 
 
-def test_full_context_and_bad_prompts(smollm2, draft_gguf, engine):
-    small = EagleLlama(smollm2, draft_gguf, n_ctx=64, n_threads=2, tree=(8, 3, 3))
-    prompt = small.tokenize("Count: one two three four five six seven eight nine ten")
-    out = list(small.generate(prompt, 1000, Sampling(temperature=0)))
-    assert len(prompt) + len(out) == small.n_ctx + 1  # the last token is generated, never decoded
-    assert small.last_finish_reason == "length"
-    r = small.create_completion("Count: one two three", max_tokens=None, temperature=0)
-    assert r["choices"][0]["finish_reason"] == "length"
-    with pytest.raises(nat.EagleError, match="the context holds 64"):
-        small.create_completion("word " * 80, max_tokens=4)
-    small.close()
+def test_bad_prompts(engine):
     with pytest.raises(nat.EagleError, match="empty"):
         list(engine.generate([], 4))
     with pytest.raises(nat.EagleError, match="outside the vocabulary"):
         list(engine.generate([1, 10 ** 7], 4))
+    with pytest.raises(nat.EagleError, match=f"the context holds {engine.n_ctx}"):
+        engine.create_completion("word " * (engine.n_ctx + 8), max_tokens=4)
+    # the engine still works after the errors
+    assert engine.create_completion("Hello", max_tokens=2, temperature=0)["usage"]["completion_tokens"] == 2

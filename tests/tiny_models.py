@@ -20,13 +20,13 @@ def _vocab():
 
 
 def write_target(path: Path, arch: str, *, n_embd=64, n_layer=2, n_head=4, n_head_kv=4, n_ff=128,
-                 seed=0, tied=False) -> dict:
+                 seed=0, tied=False, name=None) -> dict:
     """Writes a random target GGUF (f32) and returns its tensors (numpy order) for reference checks."""
     import gguf
 
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, arch)
-    w.add_name(f"tiny-{arch}")
+    w.add_name(name or f"tiny-{arch}")
     w.add_context_length(1024)
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)

@@ -1,8 +1,7 @@
-"""Sampling with EagleLlama follows the target's own distribution.
+"""EagleLlama on a tiny random target: sampling follows the target's own distribution; limits.
 
-On a tiny random target, the joint distribution of the first 3 generated tokens over thousands of
-seeds is compared (chi-square) with the exact target-only distribution, computed from the target's
-logits. The random head alone would almost never propose a token the target keeps, so an oracle
+Sampling: the joint distribution of the first 3 generated tokens over thousands of seeds is compared
+(chi-square) with the exact target-only distribution, computed from the target's logits. The random head alone would almost never propose a token the target keeps, so an oracle
 puts the target's likely tokens into the tree (in random order): the acceptor then accepts, rejects
 and renormalizes on every round, which is what must not bias the output.
 """
@@ -144,3 +143,42 @@ def test_a_biased_acceptor_is_caught(engine, monkeypatch):
     exp = np.array([joint[k] * n for k in keys] + [n - sum(joint[k] * n for k in keys)])
     obs = np.array([counts[k] for k in keys] + [n - sum(counts[k] for k in keys)], dtype=float)
     assert sps.chisquare(obs, exp)[1] < ALPHA
+
+
+def test_full_context_finishes_with_length(engine):
+    prompt = [1] + [300 + i % 20 for i in range(engine.n_ctx - 40)]
+    out = list(engine.generate(prompt, 10 ** 6, Sampling(temperature=0)))
+    if engine.last_finish_reason == "stop":  # the random target may pick its EOS: then it must be last
+        assert out[-1] == 2 and len(prompt) + len(out) <= engine.n_ctx + 1
+    else:
+        assert engine.last_finish_reason == "length"
+        assert len(prompt) + len(out) == engine.n_ctx + 1  # the last token is generated, never decoded
+    r = engine.create_completion(prompt, max_tokens=None, temperature=0)
+    assert r["choices"][0]["finish_reason"] == engine.last_finish_reason
+    assert r["usage"]["completion_tokens"] == len(out) - (engine.last_finish_reason == "stop")
+    # exactly max_tokens
+    r = engine.create_completion(prompt[:8], max_tokens=13, temperature=0)
+    assert r["usage"]["completion_tokens"] == 13 and r["choices"][0]["finish_reason"] == "length"
+    with pytest.raises(nat.EagleError, match="the context holds"):
+        list(engine.generate([1] * engine.n_ctx, 4))
+
+
+def test_draft_for_another_target_fails_at_construction(engine, targets, tmp_path):
+    from tiny_models import write_target
+
+    narrow = tmp_path / "narrow.gguf"
+    write_target(narrow, "llama", n_embd=32, n_head=4, n_head_kv=4, n_ff=64)
+    with pytest.raises(nat.EagleError, match="hidden size 64 does not match the target's 32"):
+        EagleLlama(narrow, engine.draft.path, n_ctx=64, n_threads=2, tree=(4, 2, 2))
+    # same width and vocabulary: another family, or another depth, is refused too
+    with pytest.raises(nat.EagleError, match="made for a 2-layer llama target, this target is a 2-layer qwen2"):
+        EagleLlama(targets["qwen2"][0], engine.draft.path, n_ctx=64, n_threads=2, tree=(4, 2, 2))
+    deeper = tmp_path / "deeper.gguf"
+    write_target(deeper, "llama", n_layer=3)
+    with pytest.raises(nat.EagleError, match="this target is a 3-layer llama"):
+        EagleLlama(deeper, engine.draft.path, n_ctx=64, n_threads=2, tree=(4, 2, 2))
+    # the same shape under another name loads, with a warning
+    renamed = tmp_path / "renamed.gguf"
+    write_target(renamed, "llama", n_head_kv=4, name="another-llama")
+    with pytest.warns(UserWarning, match="was made for 'tiny-llama', the target is 'another-llama'"):
+        EagleLlama(renamed, engine.draft.path, n_ctx=64, n_threads=2, tree=(4, 2, 2)).close()
