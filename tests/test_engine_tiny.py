@@ -7,6 +7,8 @@ and renormalizes on every round, which is what must not bias the output.
 """
 
 import itertools
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -182,3 +184,25 @@ def test_draft_for_another_target_fails_at_construction(engine, targets, tmp_pat
     write_target(renamed, "llama", n_head_kv=4, name="another-llama")
     with pytest.warns(UserWarning, match="was made for 'tiny-llama', the target is 'another-llama'"):
         EagleLlama(renamed, engine.draft.path, n_ctx=64, n_threads=2, tree=(4, 2, 2)).close()
+
+
+def run_generate(*args):
+    return subprocess.run([sys.executable, "-m", "eagle_llamacpp.cli", "generate", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_generate_prints_text_and_stats(engine, targets):
+    target, draft = targets["llama"][0], engine.draft.path
+    r = run_generate("--target", target, "--draft", draft, "-p", "w5 w6 w7", "-n", 12, "--temp", 0,
+                     "--tree", "6,3,2", "-t", 2, "-c", 128)
+    assert r.returncode == 0, r.stderr
+    want = engine.create_completion("w5 w6 w7", max_tokens=12, temperature=0)["choices"][0]["text"]
+    assert r.stdout == want + "\n"
+    assert "generated 12 tokens" in r.stderr and "mean acceptance length" in r.stderr
+
+    # bad input: one line on stderr, no traceback
+    r = run_generate("--target", target, "--draft", target, "-p", "w5")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "is not an EAGLE-1/2 draft" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run_generate("--target", target, "--draft", draft, "-p", "w5", "--tree", "1,2")
+    assert r.returncode == 2 and "expected auto or TOTAL,DEPTH,TOP_K" in r.stderr
