@@ -75,9 +75,9 @@ def read_target(path: str | Path) -> TargetInfo:
     hidden = int(f[f"{arch}.embedding_length"].contents()) if f"{arch}.embedding_length" in f else 0
     n_vocab = len(f["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in f else 0
     n_layer = int(f[f"{arch}.block_count"].contents()) if f"{arch}.block_count" in f else 0
-    name = f["general.name"].contents() if "general.name" in f else ""
-    tok_fields = [fld for name, fld in f.items() if name.startswith("tokenizer.")]
-    return TargetInfo(arch, hidden, n_vocab, n_layer, name, path, tok_fields)
+    model_name = f["general.name"].contents() if "general.name" in f else ""
+    tok_fields = [fld for key, fld in f.items() if key.startswith("tokenizer.")]
+    return TargetInfo(arch, hidden, n_vocab, n_layer, model_name, path, tok_fields)
 
 
 def check_compatible(head: EagleHead, target: TargetInfo) -> None:

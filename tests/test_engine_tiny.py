@@ -1,9 +1,10 @@
 """EagleLlama on a tiny random target: sampling follows the target's own distribution; limits.
 
 Sampling: the joint distribution of the first 3 generated tokens over thousands of seeds is compared
-(chi-square) with the exact target-only distribution, computed from the target's logits. The random head alone would almost never propose a token the target keeps, so an oracle
-puts the target's likely tokens into the tree (in random order): the acceptor then accepts, rejects
-and renormalizes on every round, which is what must not bias the output.
+(chi-square) with the exact target-only distribution, computed from the target's logits. The random
+head alone would almost never propose a token the target keeps, so an oracle puts the target's likely
+tokens into the tree (in random order): the acceptor then accepts, rejects and renormalizes on every
+round, which is what must not bias the output.
 """
 
 import itertools
@@ -75,16 +76,11 @@ def follow_target(joint, n_prompt):
     return pick
 
 
-def test_sampling_matches_the_target_distribution(engine):
-    joint = exact_joint(engine, 3)
-    assert 4 <= len(joint) <= 64 and abs(sum(joint.values()) - 1) < 1e-9
-    # top_p must actually cut: fewer than top_k^3 outcomes
-    assert len(joint) < 64
-
+def sample_first_tokens(engine, joint, n_seeds, stats=None) -> dict[tuple, int]:
+    """Counts the first 3 sampled tokens over n_seeds seeds, the oracle filling every tree."""
     counts = dict.fromkeys(joint, 0)
-    stats = SpecStats()
     real = engine.proposer
-    for seed in range(N_SEEDS):
+    for seed in range(n_seeds):
         engine.proposer = OracleProposer(real, PROMPT, np.random.default_rng(10_000 + seed),
                                          follow_target(joint, len(PROMPT)))
         try:
@@ -93,15 +89,13 @@ def test_sampling_matches_the_target_distribution(engine):
             engine.proposer = real
         assert out in counts, f"seed {seed}: {out} has probability 0 under the target"
         counts[out] += 1
+    return counts
 
-    # the trees were really used: drafted tokens accepted at depth 1 and 2, and some rejected
-    d = stats.as_dict()
-    assert stats.accepted_at_depth[0] > 0.3 * stats.rounds and stats.accepted_at_depth[1] > 0
-    assert d["accepted"] < d["drafted"]
 
-    # chi-square over outcomes, pooling those expected fewer than 5 times into one cell
+def chisquare(joint, counts, n_seeds):
+    """Chi-square of counts against joint, pooling outcomes expected fewer than 5 times into one cell."""
     keys = sorted(joint, key=joint.get, reverse=True)
-    exp = np.array([joint[k] * N_SEEDS for k in keys])
+    exp = np.array([joint[k] * n_seeds for k in keys])
     obs = np.array([counts[k] for k in keys], dtype=float)
     big = exp >= 5
     exp = np.append(exp[big], exp[~big].sum())
@@ -109,7 +103,25 @@ def test_sampling_matches_the_target_distribution(engine):
     if exp[-1] == 0:
         exp, obs = exp[:-1], obs[:-1]
     chi2, p = sps.chisquare(obs, exp)
-    print(f"{len(joint)} outcomes, {len(exp)} cells, chi2 {chi2:.1f}, p {p:.3f}, stats {d}")
+    return chi2, p, len(exp)
+
+
+def test_sampling_matches_the_target_distribution(engine):
+    joint = exact_joint(engine, 3)
+    assert 4 <= len(joint) <= 64 and abs(sum(joint.values()) - 1) < 1e-9
+    # top_p must actually cut: fewer than top_k^3 outcomes
+    assert len(joint) < 64
+
+    stats = SpecStats()
+    counts = sample_first_tokens(engine, joint, N_SEEDS, stats)
+
+    # the trees were really used: drafted tokens accepted at depth 1 and 2, and some rejected
+    d = stats.as_dict()
+    assert stats.accepted_at_depth[0] > 0.3 * stats.rounds and stats.accepted_at_depth[1] > 0
+    assert d["accepted"] < d["drafted"]
+
+    chi2, p, cells = chisquare(joint, counts, N_SEEDS)
+    print(f"{len(joint)} outcomes, {cells} cells, chi2 {chi2:.1f}, p {p:.3f}, stats {d}")
     assert p > ALPHA
 
 
@@ -130,21 +142,9 @@ def test_a_biased_acceptor_is_caught(engine, monkeypatch):
 
     monkeypatch.setattr(eng, "sample_accept", first_kept_child)
     joint = exact_joint(engine, 3)
-    counts = dict.fromkeys(joint, 0)
-    real = engine.proposer
     n = N_SEEDS // 3
-    for seed in range(n):
-        engine.proposer = OracleProposer(real, PROMPT, np.random.default_rng(10_000 + seed),
-                                         follow_target(joint, len(PROMPT)))
-        try:
-            out = tuple(itertools.islice(engine.generate(PROMPT, 3, Sampling(seed=seed, **SAMPLING)), 3))
-        finally:
-            engine.proposer = real
-        counts[out] += 1
-    keys = [k for k in joint if joint[k] * n >= 5]
-    exp = np.array([joint[k] * n for k in keys] + [n - sum(joint[k] * n for k in keys)])
-    obs = np.array([counts[k] for k in keys] + [n - sum(counts[k] for k in keys)], dtype=float)
-    assert sps.chisquare(obs, exp)[1] < ALPHA
+    counts = sample_first_tokens(engine, joint, n)
+    assert chisquare(joint, counts, n)[1] < ALPHA
 
 
 def test_full_context_finishes_with_length(engine):
