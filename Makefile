@@ -35,7 +35,7 @@ $(VENV)/.installed: pyproject.toml $(BUILD)/bin/libllama.so
 	# llama-cpp-python's Python bindings only: its own native build is switched off
 	CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" $(PY) -m pip install -q $(SDIST)
 	$(PY) -m pip install -q $(BUILD)/llama.cpp/gguf-py
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[train,bench,test]'
 	touch $@
 
 $(BUILD)/bin/libllama.so:

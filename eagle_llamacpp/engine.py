@@ -56,12 +56,14 @@ class EagleLlama(CompletionMixin):
     """EAGLE-2 speculative decoding of a GGUF target with an `eagle2` GGUF draft head.
 
     tree: "auto" (measure this machine, pick the size per round), a TreeShape, or a tuple
-    (total_tokens, depth, top_k); top_k=1 drafts a chain.
+    (total_tokens, depth, top_k); top_k=1 drafts a chain. draft_vocab=N restricts the draft's
+    lm_head to the N most frequent target tokens of its training data (trained heads record them);
+    verification keeps the full vocabulary, so the output does not change, only the speed.
     """
 
     def __init__(self, target_gguf: str | os.PathLike, draft_gguf: str | os.PathLike, *, n_ctx: int = 2048,
                  n_threads: int | None = None, n_gpu_layers: int = 0, flash_attn: bool | None = None,
-                 tree: str | TreeShape | tuple = "auto", n_batch: int = 512):
+                 tree: str | TreeShape | tuple = "auto", n_batch: int = 512, draft_vocab: int | None = None):
         n_threads = n_threads or os.cpu_count() or 2
         self.target = TargetModel(target_gguf, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                   n_gpu_layers=n_gpu_layers, flash_attn=flash_attn)
@@ -70,7 +72,8 @@ class EagleLlama(CompletionMixin):
         self.shape = max_shape if tree == "auto" else tree if isinstance(tree, TreeShape) else TreeShape(*tree)
         try:
             self.draft = EagleDraft(draft_gguf, self.target, n_ctx=self.n_ctx + self.shape.depth + 1, n_batch=n_batch,
-                                    n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn)
+                                    n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
+                                    draft_vocab=draft_vocab)
         except nat.EagleError:
             self.target.close()  # a draft for another target: free the target now, not at GC
             raise

@@ -48,8 +48,7 @@ class ChatRenderer:
 
     def tokens_and_mask(self, messages: list[dict], max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
         """Token ids of the whole conversation, and 1 where a token belongs to an assistant reply."""
-        tokens = [self.bos] if self.add_bos and self.bos >= 0 else []
-        mask = [0] * len(tokens)
+        tokens, mask = [], []
         done = ""
         for i, m in enumerate(messages):
             full = self.render(messages[:i + 1], add_generation_prompt=False)
@@ -68,7 +67,18 @@ class ChatRenderer:
             done = full
             if len(tokens) >= max_tokens:
                 break
+        if self._needs_bos(tokens):
+            tokens, mask = [self.bos] + tokens, [0] + mask
         return np.asarray(tokens[:max_tokens], np.int32), np.asarray(mask[:max_tokens], np.uint8)
+
+    def prompt_tokens(self, messages: list[dict]) -> list[int]:
+        """The prompt for the assistant's next reply, tokenized as the training data is."""
+        tokens = self.target.tokenize(self.render(messages, add_generation_prompt=True), add_special=False)
+        return [self.bos] + tokens if self._needs_bos(tokens) else tokens
+
+    def _needs_bos(self, tokens: list[int]) -> bool:
+        # templates that write the BOS text themselves already tokenized it
+        return self.add_bos and self.bos >= 0 and (not tokens or tokens[0] != self.bos)
 
 
 @dataclass

@@ -54,10 +54,8 @@ class EagleProposer:
         n_batch = nat.llama_cpp.llama_n_batch(self.draft.ctx)
         for start in range(0, len(tokens), n_batch):
             chunk = tokens[start:start + n_batch]
-            outputs = np.zeros(len(chunk), dtype=np.int8)
-            outputs[-1] = 1
-            logits, hidden = self.draft.forward(chunk, feats[start:start + n_batch],
-                                                self.n_committed + np.arange(len(chunk)), outputs)
+            logits, hidden = self.draft.run(chunk, feats[start:start + n_batch],
+                                            self.n_committed + np.arange(len(chunk)), rows=[len(chunk) - 1])
             self.n_committed += len(chunk)
         self.root_logprobs = log_softmax(logits[-1])
         self.root_hidden = hidden[-1]
@@ -71,20 +69,18 @@ class EagleProposer:
         for _ in range(shape.depth):
             # frontier nodes are open-tree roots (parent -1) at level 1, below their parents after that
             parents = np.where(frontier.parent_flat >= 0, frontier.parent_flat, -1)
-            outputs = np.ones(len(frontier.tokens), dtype=np.int8)
-            nat.decode(self.draft.ctx, frontier.tokens, np.full(len(frontier.tokens), pos),
-                       outputs=outputs, feats=hidden[frontier.source_rows], tree=(frontier.flat, parents))
-            logits = np.stack([nat.logits_ith(self.draft.ctx, i, self.draft.n_vocab)
-                               for i in range(len(frontier.tokens))])
-            hidden = np.stack([nat.features_ith(self.draft.ctx, i, self.draft.n_embd)
-                               for i in range(len(frontier.tokens))])
+            logits, hidden = self.draft.run(self.draft.token_ids(frontier.tokens),
+                                            hidden[frontier.source_rows], np.full(len(frontier.tokens), pos),
+                                            tree=(frontier.flat, parents))
             frontier = builder.expand(log_softmax(logits))
             pos += 1
         if shape.depth > 0:
             nat.tree_commit(self.draft.ctx, [])  # tree levels never stay in the draft cache
         self.last_builder = builder
         n_nodes = choose_size(builder) if choose_size else None
-        return builder.build(root_token, n_nodes)
+        tree = builder.build(root_token, n_nodes)  # drafted tokens are draft-vocabulary indices
+        return DraftTree(np.concatenate([[root_token], self.draft.token_ids(tree.tokens[1:])]).astype(np.int32),
+                         tree.parents, tree.scores)
 
 
 class Timer:

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .constants import DRAFT_VOCAB_FILE
 from .features import FeatureShard
-
-DRAFT_VOCAB_FILE = "draft_vocab.json"
 
 
 @dataclass
@@ -40,17 +39,9 @@ class TrainConfig:
 
 def target_tensors(target_gguf: Path) -> tuple[np.ndarray, np.ndarray]:
     """The target's token embeddings and lm_head as float32 (lm_head = embeddings when tied)."""
-    import gguf
+    from .gguf_tensors import dequantize, lm_head
 
-    tensors = {t.name: t for t in gguf.GGUFReader(target_gguf).tensors}
-
-    def dequant(name):
-        t = tensors[name]
-        return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-
-    emb = dequant("token_embd.weight")
-    head = dequant("output.weight") if "output.weight" in tensors else emb
-    return emb, head
+    return dequantize(target_gguf, "token_embd.weight"), lm_head(target_gguf)
 
 
 def count_draft_vocab(shards: list[FeatureShard], n_vocab: int, size: int) -> np.ndarray:

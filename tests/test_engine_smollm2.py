@@ -48,7 +48,7 @@ def reference(smollm2):
 
     def no_repack():
         params = default_params()
-        params.use_extra_bufts = nat._use_extra_bufts()
+        params.use_extra_bufts = nat.use_extra_bufts()
         return params
 
     low.llama_model_default_params = no_repack

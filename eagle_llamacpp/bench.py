@@ -1,0 +1,275 @@
+"""`eagle-llamacpp bench`: MT-bench first turns, greedy, every method on every prompt in one run
+(interleaved, so machine noise hits all alike): plain decoding, EAGLE-2 (auto and fixed trees, full
+and restricted draft vocabulary), and upstream's alternatives through the patched llama-server
+(no speculation, a draft model, n-gram lookup). Writes a markdown table, JSON and a PNG plot.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import _native as nat
+from .data import Question, mtbench_questions
+from .stats import SpecStats
+
+
+@dataclass
+class Result:
+    method: str
+    question_id: int
+    category: str
+    n_tokens: int      # generated, up to and including the first end-of-generation token
+    gen_s: float       # after the prompt
+    decodes: int       # target decodes after the prompt (speculative rounds; = n_tokens - 1 for plain)
+    drafted: int = 0
+    accepted: int = 0
+    tokens: list[int] = field(default_factory=list, repr=False)
+
+
+def pick_questions(n: int, questions: list[Question] | None = None) -> list[Question]:
+    """n questions, round-robin over the categories, so that every category is covered early."""
+    by_cat = defaultdict(list)
+    for q in questions or mtbench_questions():
+        by_cat[q.category].append(q)
+    picked, i = [], 0
+    while len(picked) < n and any(i < len(v) for v in by_cat.values()):
+        picked += [v[i] for v in by_cat.values() if i < len(v)][:n - len(picked)]
+        i += 1
+    return picked
+
+
+class PythonMethods:
+    """Plain decoding and EAGLE-2 variants, all in this process on the patched libllama."""
+
+    def __init__(self, target: Path, draft: Path, n_threads: int, n_ctx: int, eagle: dict[str, dict]):
+        from .engine import EagleLlama
+
+        self.engines = {name: EagleLlama(target, draft, n_ctx=n_ctx, n_threads=n_threads, **kw)
+                        for name, kw in eagle.items()}
+        self.plain_target = next(iter(self.engines.values())).target
+
+    def names(self) -> list[str]:
+        return ["plain", *self.engines]
+
+    def run(self, name: str, tokens: list[int], max_tokens: int, q: Question) -> Result:
+        if name == "plain":
+            return self._plain(tokens, max_tokens, q)
+        llm, stats = self.engines[name], SpecStats()
+        t0 = time.perf_counter()
+        out = list(llm.generate(tokens, max_tokens, _greedy(), stats))
+        wall = time.perf_counter() - t0
+        return Result(name, q.question_id, q.category, len(out), wall - stats.prompt_s, stats.rounds,
+                      stats.drafted, stats.accepted, out)
+
+    def _plain(self, tokens: list[int], max_tokens: int, q: Question) -> Result:
+        out, gen_s = plain_greedy(next(iter(self.engines.values())), tokens, max_tokens)
+        return Result("plain", q.question_id, q.category, len(out), gen_s, len(out) - 1, tokens=out)
+
+    def close(self) -> None:
+        for llm in self.engines.values():
+            llm.close()
+
+
+def plain_greedy(llm, tokens: list[int], max_tokens: int) -> tuple[list[int], float]:
+    """One token per target decode, as llama.cpp decodes without speculation, on llm's target.
+    Returns the tokens and the seconds after the prompt."""
+    t = llm.target
+    nat.clear_memory(t.ctx)
+    n_batch = nat.llama_cpp.llama_n_batch(t.ctx)
+    for start in range(0, len(tokens), n_batch):
+        chunk = tokens[start:start + n_batch]
+        outputs = np.zeros(len(chunk), np.int8)
+        outputs[-1] = 1
+        t.decode(chunk, start + np.arange(len(chunk)), outputs=outputs)
+    t0 = time.perf_counter()
+    out = [nat.argmax_ith(t.ctx, (len(tokens) - 1) % n_batch, t.n_vocab)]
+    n_past = len(tokens)
+    while len(out) < max_tokens and not llm.is_eog(out[-1]) and n_past < llm.n_ctx:
+        t.decode([out[-1]], [n_past], outputs=np.ones(1, np.int8))
+        n_past += 1
+        out.append(nat.argmax_ith(t.ctx, 0, t.n_vocab))
+    return out, time.perf_counter() - t0
+
+
+def _greedy():
+    from .engine import Sampling
+
+    return Sampling(temperature=0.0)
+
+
+class ServerMethods:
+    """Upstream llama.cpp's decoding through the patched llama-server, one server per method."""
+
+    def __init__(self, target: Path, servers: dict[str, list[str]], n_threads: int, n_ctx: int, log_dir: Path):
+        from .llama_server import LlamaServer
+
+        self.servers = {}
+        try:
+            for name, args in servers.items():
+                self.servers[name] = LlamaServer(target, args, n_ctx=n_ctx, n_threads=n_threads,
+                                                 log_path=log_dir / f"{name}.log")
+        except Exception:
+            self.close()
+            raise
+
+    def names(self) -> list[str]:
+        return list(self.servers)
+
+    def run(self, name: str, tokens: list[int], max_tokens: int, q: Question) -> Result:
+        r = self.servers[name].complete(tokens, max_tokens)
+        timings = r.get("timings", {})
+        n = int(timings.get("predicted_n", len(r.get("tokens", []))))
+        accepted = int(timings.get("draft_n_accepted", 0))
+        # every speculative step emits its accepted draft tokens plus one
+        return Result(name, q.question_id, q.category, n, float(timings.get("predicted_ms", 0.0)) / 1e3,
+                      max(n - 1 - accepted, 0), int(timings.get("draft_n", 0)), accepted, list(r.get("tokens", [])))
+
+    def close(self) -> None:
+        for s in self.servers.values():
+            s.close()
+
+
+def summarize(results: list[Result], methods: list[str]) -> dict:
+    """Aggregate tokens/s (sum of tokens / sum of time), ratios and acceptance per method and category."""
+    plain = {r.question_id: r for r in results if r.method == "plain"}
+    server_plain = {r.question_id: r for r in results if r.method == "server-plain"}
+
+    def agg(rs: list[Result]) -> dict:
+        n, s = sum(r.n_tokens for r in rs), sum(r.gen_s for r in rs)
+        decodes = sum(r.decodes for r in rs)
+        drafted, accepted = sum(r.drafted for r in rs), sum(r.accepted for r in rs)
+        return {"tokens": n, "seconds": round(s, 3), "tokens_per_s": round(n / s, 3) if s else 0.0,
+                "acceptance_length": round((n - len(rs)) / decodes, 3) if decodes else None,
+                "draft_acceptance_rate": round(accepted / drafted, 3) if drafted else None}
+
+    out = {}
+    for m in methods:
+        rs = [r for r in results if r.method == m]
+        if not rs:
+            continue
+        cats = sorted({r.category for r in rs})
+        row = agg(rs)
+        row["same_tokens_as_plain"] = sum(r.tokens == plain[r.question_id].tokens for r in rs if r.question_id in plain)
+        row["same_tokens_as_server_plain"] = sum(r.tokens == server_plain[r.question_id].tokens
+                                                 for r in rs if r.question_id in server_plain)
+        row["by_category"] = {c: agg([r for r in rs if r.category == c]) for c in cats}
+        out[m] = row
+    for m, row in out.items():
+        for base in ("plain", "server-plain"):
+            if base in out and out[base]["tokens_per_s"]:
+                row[f"speedup_vs_{base}"] = round(row["tokens_per_s"] / out[base]["tokens_per_s"], 3)
+                for c, crow in row["by_category"].items():
+                    b = out[base]["by_category"].get(c, {}).get("tokens_per_s")
+                    crow[f"speedup_vs_{base}"] = round(crow["tokens_per_s"] / b, 3) if b else None
+    return out
+
+
+def markdown(summary: dict, n_prompts: int) -> str:
+    lines = ["| method | tokens/s | x plain | x server-plain | acceptance length | draft accepted | "
+             f"same tokens as plain (of {n_prompts}) |", "|---|---|---|---|---|---|---|"]
+    for m, r in summary.items():
+        def fmt(v, spec=".2f"):
+            return "-" if v is None else format(v, spec)
+        lines.append(f"| {m} | {r['tokens_per_s']:.2f} | {fmt(r.get('speedup_vs_plain'))} | "
+                     f"{fmt(r.get('speedup_vs_server-plain'))} | {fmt(r['acceptance_length'])} | "
+                     f"{fmt(r['draft_acceptance_rate'], '.0%')} | {r['same_tokens_as_plain']} |")
+    cats = sorted({c for r in summary.values() for c in r["by_category"]})
+    lines += ["", "Speedup vs plain per MT-bench category:", "",
+              "| method | " + " | ".join(cats) + " |", "|---" * (len(cats) + 1) + "|"]
+    for m, r in summary.items():
+        vals = [r["by_category"].get(c, {}).get("speedup_vs_plain") for c in cats]
+        lines.append(f"| {m} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, path: Path, title: str) -> Path | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    cats = ["all"] + sorted({c for r in summary.values() for c in r["by_category"]})
+    methods = list(summary)
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    width = 0.8 / len(methods)
+    for i, m in enumerate(methods):
+        vals = [summary[m]["tokens_per_s"]] + [summary[m]["by_category"].get(c, {}).get("tokens_per_s", 0)
+                                                for c in cats[1:]]
+        ax.bar(np.arange(len(cats)) + i * width, vals, width, label=m)
+    ax.set_xticks(np.arange(len(cats)) + 0.4 - width / 2, cats)
+    ax.set_ylabel("generated tokens/s (greedy)")
+    ax.set_title(title)
+    ax.legend(fontsize=8, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_bench(target: Path, draft: Path, *, n_prompts: int, max_tokens: int, out_dir: Path, n_threads: int = 2,
+              n_ctx: int = 2048, fixed_tree=(8, 4, 2), draft_vocab: int = 8192, draft_model: Path | None = None,
+              with_server: bool = True, progress: bool = True) -> dict:
+    from tqdm import tqdm
+
+    from .draft import TargetModel
+    from .features import ChatRenderer
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    eagle = {"eagle2-auto": {"tree": "auto"}, f"eagle2-auto-vocab{draft_vocab}": {"tree": "auto", "draft_vocab": draft_vocab},
+             "eagle2-fixed-" + "-".join(map(str, fixed_tree)): {"tree": tuple(fixed_tree), "draft_vocab": draft_vocab}}
+    servers = {}
+    if with_server:
+        servers = {"server-plain": [], "server-ngram-simple": ["--spec-type", "ngram-simple"],
+                   "server-ngram-mod": ["--spec-type", "ngram-mod"]}
+        if draft_model:
+            servers["server-draft-model"] = ["-md", str(draft_model), "-td", str(n_threads)]
+    questions = pick_questions(n_prompts)
+    py = PythonMethods(target, draft, n_threads, n_ctx, eagle)
+    srv = None
+    try:
+        srv = ServerMethods(target, servers, n_threads, n_ctx, out_dir) if servers else None
+        renderer = ChatRenderer(py.plain_target)
+        prompts = [renderer.prompt_tokens([{"role": "user", "content": q.turns[0]}]) for q in questions]
+        runners = [(name, py) for name in py.names()] + [(name, srv) for name in (srv.names() if srv else [])]
+        # warm-up: graph allocation, the auto tree's latency table, the servers' first request
+        for name, runner in runners:
+            runner.run(name, prompts[0][:32], 8, questions[0])
+        results = []
+        bar = tqdm(total=len(questions) * len(runners), desc="bench", disable=not progress)
+        for i, (q, toks) in enumerate(zip(questions, prompts)):
+            order = runners[i % len(runners):] + runners[:i % len(runners)]  # rotate who goes first
+            for name, runner in order:
+                results.append(runner.run(name, toks, max_tokens, q))
+                bar.update(1)
+        bar.close()
+    finally:
+        py.close()
+        if srv:
+            srv.close()
+    methods = [name for name, _ in runners]
+    summary = summarize(results, methods)
+    report = {"target": target.name, "draft": draft.name, "draft_model": draft_model.name if draft_model else None,
+              "n_prompts": len(questions), "max_tokens": max_tokens, "n_threads": n_threads,
+              "machine": f"{platform.machine()}, {_cpu_name()}, {__import__('os').cpu_count()} cores",
+              "summary": summary, "results": [asdict(r) for r in results]}
+    (out_dir / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
+    md = markdown(summary, len(questions))
+    (out_dir / "bench.md").write_text(md)
+    plot(summary, out_dir / "bench.png", f"{target.name}, MT-bench x{len(questions)}, {max_tokens} tokens, "
+                                         f"{n_threads} threads")
+    return {"markdown": md, "report": report}
+
+
+def _cpu_name() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()

@@ -1,0 +1,38 @@
+"""Heads that ship with the repo (trained by `eagle-llamacpp train`, HF layout under heads/), and
+their GGUF drafts, converted once per target and cached next to the models."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from ._native import REPO_ROOT
+from .models import QWEN25_CODER_05B, PackagedModel, cache_dir
+
+HEADS_DIR = REPO_ROOT / "heads"
+
+# default target -> the folder of its shipped head
+SHIPPED = {QWEN25_CODER_05B.name: "qwen2.5-coder-0.5b-instruct"}
+
+
+def shipped_head(target: PackagedModel) -> Path:
+    folder = HEADS_DIR / SHIPPED[target.name]
+    if not (folder / "model.safetensors").exists():
+        raise FileNotFoundError(f"no shipped head for {target.name} in {folder}")
+    return folder
+
+
+def draft_gguf(head_dir: Path, target_gguf: Path) -> Path:
+    """The head converted for target_gguf (f16), cached by the head's and the target's contents."""
+    from .convert import convert
+
+    h = hashlib.sha256()
+    for f in sorted(head_dir.iterdir()):
+        if f.suffix in (".json", ".safetensors"):
+            h.update(f.name.encode() + f.read_bytes())
+    h.update(target_gguf.name.encode() + str(target_gguf.stat().st_size).encode())
+    out = cache_dir() / "drafts" / h.hexdigest()[:16] / f"{head_dir.name}-eagle2-f16.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        convert(head_dir, out, target=target_gguf, outtype="f16", force=True)
+    return out

@@ -1,0 +1,78 @@
+"""Runs the patched llama-server on loopback: upstream's own decoding and speculation, side by side
+with EAGLE-2 in the benchmark."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ._native import EagleError, library_dir, use_extra_bufts
+
+
+def repack_args() -> list[str]:
+    """The same weight-repacking choice as the Python side (_native.py: AMX repacking crashes here)."""
+    return [] if use_extra_bufts() else ["--no-repack"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaServer:
+    """`llama-server -m target [extra args]`; complete() sends one /completion request."""
+
+    def __init__(self, target: Path, extra_args: list[str], *, n_ctx: int = 2048, n_threads: int = 2,
+                 log_path: Path | None = None, timeout_s: float = 120.0):
+        binary = library_dir() / "llama-server"
+        if not binary.exists():
+            raise EagleError(f"{binary} not found: build it first (make setup)")
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [str(binary), "-m", str(target), "--host", "127.0.0.1", "--port", str(self.port),
+               "-c", str(n_ctx), "-t", str(n_threads), "-tb", str(n_threads), "-np", "1",
+               "--no-warmup", *repack_args(), *extra_args]
+        self.log = open(log_path, "w") if log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self._wait_healthy(timeout_s, cmd)
+
+    def _wait_healthy(self, timeout_s: float, cmd: list[str]) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise EagleError(f"llama-server exited with {self.proc.returncode}: {' '.join(cmd)}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.25)
+        self.close()
+        raise EagleError(f"llama-server did not become healthy in {timeout_s:.0f} s: {' '.join(cmd)}")
+
+    def complete(self, tokens: list[int], n_predict: int) -> dict:
+        """Greedy completion of prompt token ids; the response carries tokens and timings."""
+        body = {"prompt": [int(t) for t in tokens], "n_predict": n_predict, "temperature": 0.0,
+                "cache_prompt": False, "return_tokens": True, "stream": False}
+        req = urllib.request.Request(self.url + "/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=3600) as r:
+            return json.loads(r.read())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.log is not subprocess.DEVNULL:
+            self.log.close()
