@@ -31,7 +31,6 @@ class ChatRenderer:
         self.template = env.from_string(template)
         self.target = target
         vocab = nat.llama_cpp.llama_model_get_vocab(target.model)
-        self.add_bos = bool(nat.llama_cpp.llama_vocab_get_add_bos(vocab))
         self.bos = nat.llama_cpp.llama_vocab_bos(vocab)
         self.special = {"bos_token": target.piece(self.bos) if self.bos >= 0 else "",
                         "eos_token": target.piece(nat.llama_cpp.llama_vocab_eos(vocab))}
@@ -47,38 +46,41 @@ class ChatRenderer:
                                     raise_exception=raise_exception, **self.special)
 
     def tokens_and_mask(self, messages: list[dict], max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-        """Token ids of the whole conversation, and 1 where a token belongs to an assistant reply."""
-        tokens, mask = [], []
-        done = ""
+        """Token ids of the whole conversation, and 1 where a token belongs to an assistant reply.
+
+        Each turn boundary is found by tokenizing the conversation up to it, so the tokens are
+        exactly the whole conversation's tokens (tokenizers such as SentencePiece do not split at
+        turn boundaries)."""
+        tokens: list[int] = []
+        mask: list[int] = []
         for i, m in enumerate(messages):
-            full = self.render(messages[:i + 1], add_generation_prompt=False)
+            full = self._tokenize(self.render(messages[:i + 1], add_generation_prompt=False))
+            keep = _common_prefix(tokens, full)
+            mask = mask[:keep] + [0] * (len(full) - keep)
             if m["role"] == "assistant":
-                head = self.render(messages[:i], add_generation_prompt=True)
-                pieces = [(head[len(done):], 0), (full[len(head):], 1)]
-            else:
-                pieces = [(full[len(done):], 0)]
-            if not full.startswith(done):
-                raise nat.EagleError("the chat template does not render turn by turn (a later turn changes "
-                                     "an earlier one); cannot mark the assistant tokens")
-            for text, is_reply in pieces:
-                ids = self.target.tokenize(text, add_special=False)
-                tokens += ids
-                mask += [is_reply] * len(ids)
-            done = full
+                head = self._tokenize(self.render(messages[:i], add_generation_prompt=True))
+                start = _common_prefix(head, full)
+                mask[start:] = [1] * (len(full) - start)
+            tokens = full
             if len(tokens) >= max_tokens:
                 break
-        if self._needs_bos(tokens):
-            tokens, mask = [self.bos] + tokens, [0] + mask
         return np.asarray(tokens[:max_tokens], np.int32), np.asarray(mask[:max_tokens], np.uint8)
 
     def prompt_tokens(self, messages: list[dict]) -> list[int]:
         """The prompt for the assistant's next reply, tokenized as the training data is."""
-        tokens = self.target.tokenize(self.render(messages, add_generation_prompt=True), add_special=False)
-        return [self.bos] + tokens if self._needs_bos(tokens) else tokens
+        return self._tokenize(self.render(messages, add_generation_prompt=True))
 
-    def _needs_bos(self, tokens: list[int]) -> bool:
-        # templates that write the BOS text themselves already tokenized it
-        return self.add_bos and self.bos >= 0 and (not tokens or tokens[0] != self.bos)
+    def _tokenize(self, text: str) -> list[int]:
+        tokens = self.target.tokenize(text, add_special=True)
+        if len(tokens) >= 2 and tokens[0] == tokens[1] == self.bos:
+            tokens = tokens[1:]  # the template wrote the BOS text itself
+        return tokens
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if len(diff) else n
 
 
 @dataclass

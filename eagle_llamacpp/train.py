@@ -102,8 +102,9 @@ def head_losses(net, batch, lm_head_t, noise: float, p_weight: float):
 
 
 def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainConfig, *,
-          n_threads: int | None = None, progress: bool = True) -> Path:
-    """Trains (resuming from out_dir/train_state.pt if there) and writes out_dir/head in HF layout."""
+          n_threads: int | None = None, progress: bool = True, stop_after: int | None = None) -> Path | None:
+    """Trains (resuming from out_dir/train_state.pt if there) and writes out_dir/head in HF layout.
+    stop_after=N stops after step N as an interruption would (returns None; run again to resume)."""
     import torch
     from tqdm import tqdm
 
@@ -137,14 +138,18 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
         opt.load_state_dict(state["opt"])
         sched.load_state_dict(state["sched"])
         step, wall = state["step"], state["wall_s"]
+        if "rng" in state:
+            torch.set_rng_state(state["rng"])
     out_dir.mkdir(parents=True, exist_ok=True)
 
     def save_state():
         tmp = state_path.with_suffix(".tmp")
         torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                    "step": step, "wall_s": wall, "config": asdict(cfg)}, tmp)
+                    "step": step, "wall_s": wall, "rng": torch.get_rng_state(), "config": asdict(cfg),
+                    "eval_before": eval_before}, tmp)
         tmp.replace(state_path)
 
+    eval_before = state.get("eval_before") if step else evaluate(net, data, eval_idx, emb, lm_head_t, cfg, device)
     bar = tqdm(total=total_steps, initial=step, desc="train", unit="step", disable=not progress)
     history = []
     t_start = time.perf_counter() - wall
@@ -166,8 +171,11 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
         recent = np.mean(history[-20:], axis=0)
         bar.set_postfix(vloss=f"{recent[0]:.3f}", ploss=f"{recent[1]:.2f}", acc=f"{recent[2]:.2f}")
         bar.update(1)
-        if step % cfg.save_every == 0 or step == total_steps:
+        if step % cfg.save_every == 0 or step == total_steps or step == stop_after:
             save_state()
+        if step == stop_after:
+            bar.close()
+            return None
     bar.close()
 
     metrics = evaluate(net, data, eval_idx, emb, lm_head_t, cfg, device)
@@ -179,7 +187,7 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
             "wall_s": round(wall, 1), "device": device, "config": asdict(cfg),
             "final_train": dict(zip(("vloss", "ploss", "top1"), np.mean(history[-50:], axis=0).round(4).tolist()))
             if history else None,
-            "eval": metrics}
+            "eval_before": eval_before, "eval": metrics}
     (head_dir / "training.json").write_text(json.dumps(card, indent=2) + "\n")
     return head_dir
 

@@ -20,7 +20,7 @@ def _vocab():
 
 
 def write_target(path: Path, arch: str, *, n_embd=64, n_layer=2, n_head=4, n_head_kv=4, n_ff=128,
-                 seed=0, tied=False, name=None) -> dict:
+                 seed=0, tied=False, name=None, chat_template=None) -> dict:
     """Writes a random target GGUF (f32) and returns its tensors (numpy order) for reference checks."""
     import gguf
 
@@ -44,6 +44,8 @@ def write_target(path: Path, arch: str, *, n_embd=64, n_layer=2, n_head=4, n_hea
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
+    if chat_template:
+        w.add_chat_template(chat_template)
 
     def t(*shape, scale=None):
         scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
