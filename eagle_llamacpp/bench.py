@@ -215,7 +215,7 @@ def plot(summary: dict, path: Path, title: str) -> Path | None:
 
 
 def run_bench(target: Path, draft: Path, *, n_prompts: int, max_tokens: int, out_dir: Path, n_threads: int = 2,
-              n_ctx: int = 2048, fixed_tree=(8, 4, 2), draft_vocab: int = 8192, draft_model: Path | None = None,
+              n_ctx: int = 2048, fixed_tree=(8, 4, 2), draft_vocabs=(8192,), draft_model: Path | None = None,
               with_server: bool = True, progress: bool = True) -> dict:
     from tqdm import tqdm
 
@@ -223,8 +223,11 @@ def run_bench(target: Path, draft: Path, *, n_prompts: int, max_tokens: int, out
     from .features import ChatRenderer
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    eagle = {"eagle2-auto": {"tree": "auto"}, f"eagle2-auto-vocab{draft_vocab}": {"tree": "auto", "draft_vocab": draft_vocab},
-             "eagle2-fixed-" + "-".join(map(str, fixed_tree)): {"tree": tuple(fixed_tree), "draft_vocab": draft_vocab}}
+    # full draft vocabulary, then each restricted one; the fixed tree uses the first restriction
+    eagle = {"eagle2-auto": {"tree": "auto"}}
+    eagle.update({f"eagle2-auto-vocab{n}": {"tree": "auto", "draft_vocab": n} for n in draft_vocabs})
+    eagle["eagle2-fixed-" + "-".join(map(str, fixed_tree))] = {"tree": tuple(fixed_tree),
+                                                                "draft_vocab": draft_vocabs[0] if draft_vocabs else None}
     servers = {}
     if with_server:
         servers = {"server-plain": [], "server-ngram-simple": ["--spec-type", "ngram-simple"],

@@ -89,7 +89,8 @@ def cmd_bench(args) -> int:
 
     out = run_bench(Path(args.target), Path(args.draft), n_prompts=args.n_prompts, max_tokens=args.n_predict,
                     out_dir=Path(args.out), n_threads=args.threads, n_ctx=args.ctx_size,
-                    fixed_tree=tuple(int(v) for v in args.fixed_tree.split(",")), draft_vocab=args.draft_vocab,
+                    fixed_tree=tuple(int(v) for v in args.fixed_tree.split(",")),
+                    draft_vocabs=tuple(int(v) for v in args.draft_vocab.split(",") if v),
                     draft_model=Path(args.draft_model) if args.draft_model else None,
                     with_server=not args.no_server, progress=not args.no_progress)
     print(out["markdown"])
@@ -107,7 +108,8 @@ def add_bench_args(b) -> None:
     b.add_argument("-c", "--ctx-size", type=int, default=2048)
     b.add_argument("-t", "--threads", type=int, default=2)
     b.add_argument("--fixed-tree", default="8,4,2", help="TOTAL,DEPTH,TOP_K of the fixed-tree EAGLE-2 run")
-    b.add_argument("--draft-vocab", type=int, default=8192, help="restricted draft vocabulary of two EAGLE runs")
+    b.add_argument("--draft-vocab", default="8192",
+                   help="comma list of restricted draft vocabulary sizes: one auto-tree run each ('' for none)")
     b.add_argument("--no-server", action="store_true", help="skip the llama-server methods")
     b.add_argument("--no-progress", action="store_true")
     b.add_argument("-o", "--out", default="bench-out")
