@@ -32,6 +32,8 @@ def cmd_demo(args) -> int:
         eagle_s = time.perf_counter() - t0 - stats.prompt_s
         plain, plain_s = plain_greedy(llm, prompt, args.n_predict)
         text = b"".join(llm._piece_bytes(t) for t in out if not llm.is_eog(t)).decode("utf-8", "replace")
+        first_diff = next((i for i, (a, b) in enumerate(zip(out, plain)) if a != b), None)
+        gap = top2_gap(llm.target, prompt + plain[:first_diff]) if first_diff is not None else None
     finally:
         llm.close()
     print(f"{target_path.name} + {draft_path.name}, greedy, {args.threads} threads\n")
@@ -41,7 +43,28 @@ def cmd_demo(args) -> int:
           f"{stats.mean_acceptance_length:.2f} tokens per target decode ({stats.rounds} decodes)")
     print(f"plain:   {len(plain)} tokens, {plain_tps:.1f} tokens/s (one token per decode)")
     print(f"speedup {eagle_tps / plain_tps:.2f}x; same text as plain decoding: {'yes' if out == plain else 'NO'}")
+    if first_diff is not None:
+        # llama.cpp's logits depend on the batch shape (1 token vs a tree): only a near tie may flip
+        print(f"  the texts part at token {first_diff}, where the target's two best logits are {gap:.3f} apart "
+              "(llama.cpp rounds a one-token decode and a tree decode differently)")
     return 0
+
+
+def top2_gap(target, tokens: list[int]) -> float:
+    """Gap between the target's two best next-token logits after `tokens` (one decode of them all)."""
+    import numpy as np
+
+    from . import _native as nat
+
+    nat.clear_memory(target.ctx)
+    n_batch = nat.llama_cpp.llama_n_batch(target.ctx)
+    for start in range(0, len(tokens), n_batch):
+        chunk = tokens[start:start + n_batch]
+        outputs = np.zeros(len(chunk), np.int8)
+        outputs[-1] = 1
+        target.decode(chunk, start + np.arange(len(chunk)), outputs=outputs)
+    top = np.sort(target.logits((len(tokens) - 1) % n_batch))[-2:]
+    return float(top[1] - top[0])
 
 
 def cmd_train(args) -> int:

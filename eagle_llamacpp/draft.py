@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from . import _native as nat
 from .constants import DRAFT_VOCAB_KEY, TARGET_ARCH_KEY, TARGET_LAYERS_KEY, TARGET_NAME_KEY
@@ -123,6 +124,9 @@ class EagleDraft(_ModelContext):
         ids = np.asarray(fld.contents(), dtype=np.int32)[:n]
         self.vocab_ids = ids
         self._lm_head_rows = np.ascontiguousarray(lm_head(self.target.path, ids))
+        # numpy's BLAS threads spin after each call and starve llama.cpp's own threads on a small
+        # CPU (verify decodes ran 4x slower): the matmul runs on the calling thread only
+        self._blas = ThreadpoolController()
         # hidden states of every token, and no logits from llama.cpp
         nat.set_feature_export(self.ctx, True, per_output=False)
 
@@ -159,7 +163,8 @@ class EagleDraft(_ModelContext):
         nat.decode(self.ctx, tokens, pos, feats=feats, outputs=outputs, tree=tree)
         hidden = np.stack([nat.features_ith(self.ctx, int(i), self.n_embd) for i in rows])
         if self.vocab_ids is not None:
-            return hidden @ self._lm_head_rows.T, hidden
+            with self._blas.limit(limits=1, user_api="blas"):
+                return hidden @ self._lm_head_rows.T, hidden
         return np.stack([nat.logits_ith(self.ctx, int(i), self.n_vocab) for i in rows]), hidden
 
     def forward(self, tokens, feats, pos, outputs=None):

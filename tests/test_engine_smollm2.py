@@ -6,10 +6,7 @@ import pytest
 from oracle import OracleProposer, follow_reference
 
 from eagle_llamacpp import _native as nat
-from eagle_llamacpp import models
-from eagle_llamacpp.convert import convert
 from eagle_llamacpp.engine import EagleLlama, Sampling
-from eagle_llamacpp.random_head import head_for_target
 from eagle_llamacpp.stats import SpecStats
 
 PROMPTS = [
@@ -23,17 +20,6 @@ PROMPTS = [
 N_TOKENS = 64
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 NEAR_TIE = 0.5  # logits: a divergence is accepted only where the target's two choices are this close
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    return models.fetch(models.SMOLLM2_135M)
-
-
-@pytest.fixture(scope="module")
-def draft_gguf(smollm2, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("smol-head")
-    return convert(head_for_target(smollm2, tmp / "head"), tmp / "draft.gguf", target=smollm2, outtype="f16")
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +57,8 @@ def reference(smollm2):
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2, draft_gguf):
-    e = EagleLlama(smollm2, draft_gguf, n_ctx=512, n_threads=2, flash_attn=False, tree=(8, 3, 3))
+def engine(smollm2, smollm2_draft):
+    e = EagleLlama(smollm2, smollm2_draft, n_ctx=512, n_threads=2, flash_attn=False, tree=(8, 3, 3))
     yield e
     e.close()
 
@@ -155,9 +141,9 @@ def test_untrained_head_alone_is_lossless(engine, reference):
         check_same_or_near_tie(engine, prompt_toks, got, want)
 
 
-def test_auto_tree_is_lossless(smollm2, draft_gguf, reference, tmp_path, monkeypatch):
+def test_auto_tree_is_lossless(smollm2, smollm2_draft, reference, tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLE_LLAMACPP_CACHE", str(tmp_path))  # measure here, leave the user's cache
-    e = EagleLlama(smollm2, draft_gguf, n_ctx=512, n_threads=2, flash_attn=False, tree="auto")
+    e = EagleLlama(smollm2, smollm2_draft, n_ctx=512, n_threads=2, flash_attn=False, tree="auto")
     assert (tmp_path / "autotune").is_dir()
     prompt_toks, want = reference[PROMPTS[0]]
     got = list(e.generate(prompt_toks, len(want), Sampling(temperature=0)))

@@ -5,15 +5,9 @@ import numpy as np
 import pytest
 from reference_eagle import head_forward
 
-from eagle_llamacpp import models
 from eagle_llamacpp.convert import convert
 from eagle_llamacpp.draft import EagleDraft, TargetModel
 from eagle_llamacpp.random_head import head_for_target
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    return models.fetch(models.SMOLLM2_135M)
 
 
 def dequantized(path, name):

@@ -253,3 +253,36 @@ def test_bad_tree_batches_and_commits_are_rejected(targets):
     model.decode([9], [6])
     with pytest.raises(nat.EagleError, match="tree commit"):
         model.tree_commit([0])  # already committed: no open tree any more
+
+
+@pytest.mark.parametrize("kept", [1, 2], ids=["first-sibling", "second-sibling"])
+def test_commit_keeps_the_cells_in_position_order(smollm2, flash_attn, kept):
+    """After keeping a sibling decoded after another one, the next token must see what decoding the
+    path one token at a time gives. Regression: the kept cell stayed behind the removed sibling's
+    cell, the next token took that hole, and CPU flash attention, which rounds by cell order, moved
+    SmolLM2's log-probabilities by up to 0.54."""
+    model = TargetModel(smollm2, n_ctx=256, n_batch=64, flash_attn=flash_attn)
+    prompt = model.tokenize("Once upon a time", True)
+    n = len(prompt)
+
+    def log_softmax(x):
+        x = x - x.max()
+        return x - np.log(np.exp(x).sum())
+
+    def prefill():
+        nat.clear_memory(model.ctx)
+        model.decode(prompt, np.arange(n), outputs=np.zeros(n, np.int8))
+
+    siblings = [339, 260]
+    prefill()
+    for tok, pos in ((28, n), (siblings[kept - 1], n + 1), (2240, n + 2), (282, n + 3)):
+        model.decode([tok], [pos])
+    want = log_softmax(model.logits(0))
+
+    prefill()
+    model.decode([28, *siblings], [n, n + 1, n + 1], tree=(np.arange(3), np.array([-1, 0, 0])))
+    model.tree_commit([0, kept])
+    model.decode([2240], [n + 2])
+    model.decode([282], [n + 3])
+    got = log_softmax(model.logits(0))
+    assert float(np.max(np.abs(got - want))) < 1e-3
