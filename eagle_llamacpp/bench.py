@@ -1,7 +1,8 @@
 """`eagle-llamacpp bench`: MT-bench first turns, greedy, every method on every prompt in one run
 (interleaved, so machine noise hits all alike): plain decoding, EAGLE-2 (auto and fixed trees, full
 and restricted draft vocabulary), and upstream's alternatives through the patched llama-server
-(no speculation, a draft model, n-gram lookup). Writes a markdown table, JSON and a PNG plot.
+(no speculation, EAGLE-2 of patch 0005, a draft model, n-gram lookup). Writes a markdown table, JSON
+and a PNG plot.
 """
 
 from __future__ import annotations
@@ -215,7 +216,7 @@ def plot(summary: dict, path: Path, title: str) -> Path | None:
 
 
 def run_bench(target: Path, draft: Path, *, n_prompts: int, max_tokens: int, out_dir: Path, n_threads: int = 2,
-              n_ctx: int = 2048, fixed_tree=(8, 4, 2), draft_vocabs=(8192,), draft_model: Path | None = None,
+              n_ctx: int = 2048, fixed_tree=(6, 3, 2), draft_vocabs=(8192,), draft_model: Path | None = None,
               with_server: bool = True, progress: bool = True) -> dict:
     from tqdm import tqdm
 
@@ -232,6 +233,9 @@ def run_bench(target: Path, draft: Path, *, n_prompts: int, max_tokens: int, out
     if with_server:
         servers = {"server-plain": [], "server-ngram-simple": ["--spec-type", "ngram-simple"],
                    "server-ngram-mod": ["--spec-type", "ngram-mod"]}
+        # patch 0005: the same head, drafted and verified in C++ (full draft vocabulary)
+        servers["server-eagle2"] = ["-md", str(draft), "--spec-type", "draft-eagle2", "--spec-draft-n-max", "4",
+                                    "--spec-eagle2-depth", "2", "--spec-eagle2-top-k", "2"]
         if draft_model:
             servers["server-draft-model"] = ["-md", str(draft_model), "-td", str(n_threads)]
     questions = pick_questions(n_prompts)
