@@ -78,19 +78,32 @@ class PythonMethods:
             llm.close()
 
 
-def plain_greedy(llm, tokens: list[int], max_tokens: int) -> tuple[list[int], float]:
-    """One token per target decode, as llama.cpp decodes without speculation, on llm's target.
-    Returns the tokens and the seconds after the prompt."""
-    t = llm.target
-    nat.clear_memory(t.ctx)
-    n_batch = nat.llama_cpp.llama_n_batch(t.ctx)
+def prefill(target, tokens: list[int]) -> int:
+    """Decodes tokens into the target's emptied memory, n_batch at a time, with logits for the last
+    one only; returns that token's batch index."""
+    nat.clear_memory(target.ctx)
+    n_batch = nat.llama_cpp.llama_n_batch(target.ctx)
     for start in range(0, len(tokens), n_batch):
         chunk = tokens[start:start + n_batch]
         outputs = np.zeros(len(chunk), np.int8)
         outputs[-1] = 1
-        t.decode(chunk, start + np.arange(len(chunk)), outputs=outputs)
+        target.decode(chunk, start + np.arange(len(chunk)), outputs=outputs)
+    return (len(tokens) - 1) % n_batch
+
+
+def top2_gap(target, tokens: list[int]) -> float:
+    """Gap between the target's two best next-token logits after `tokens`."""
+    top = np.sort(target.logits(prefill(target, tokens)))[-2:]
+    return float(top[1] - top[0])
+
+
+def plain_greedy(llm, tokens: list[int], max_tokens: int) -> tuple[list[int], float]:
+    """One token per target decode, as llama.cpp decodes without speculation, on llm's target.
+    Returns the tokens and the seconds after the prompt."""
+    t = llm.target
+    last = prefill(t, tokens)
     t0 = time.perf_counter()
-    out = [nat.argmax_ith(t.ctx, (len(tokens) - 1) % n_batch, t.n_vocab)]
+    out = [nat.argmax_ith(t.ctx, last, t.n_vocab)]
     n_past = len(tokens)
     while len(out) < max_tokens and not llm.is_eog(out[-1]) and n_past < llm.n_ctx:
         t.decode([out[-1]], [n_past], outputs=np.ones(1, np.int8))

@@ -12,7 +12,7 @@ from pathlib import Path
 def cmd_demo(args) -> int:
     """The main job: EAGLE-2 with the shipped head on the default target, plain decoding beside it."""
     from . import heads, models
-    from .bench import plain_greedy
+    from .bench import plain_greedy, top2_gap
     from .engine import EagleLlama, Sampling
     from .features import ChatRenderer
     from .stats import SpecStats
@@ -48,23 +48,6 @@ def cmd_demo(args) -> int:
         print(f"  the texts part at token {first_diff}, where the target's two best logits are {gap:.3f} apart "
               "(llama.cpp rounds a one-token decode and a tree decode differently)")
     return 0
-
-
-def top2_gap(target, tokens: list[int]) -> float:
-    """Gap between the target's two best next-token logits after `tokens` (one decode of them all)."""
-    import numpy as np
-
-    from . import _native as nat
-
-    nat.clear_memory(target.ctx)
-    n_batch = nat.llama_cpp.llama_n_batch(target.ctx)
-    for start in range(0, len(tokens), n_batch):
-        chunk = tokens[start:start + n_batch]
-        outputs = np.zeros(len(chunk), np.int8)
-        outputs[-1] = 1
-        target.decode(chunk, start + np.arange(len(chunk)), outputs=outputs)
-    top = np.sort(target.logits((len(tokens) - 1) % n_batch))[-2:]
-    return float(top[1] - top[0])
 
 
 def cmd_train(args) -> int:
