@@ -167,3 +167,33 @@ def test_metrics_count_drafts_and_acceptance_per_position(eagle):
     accepted = values["llamacpp:spec_decode_num_accepted_tokens_total"]
     assert drafts > 0 and drafted >= drafts and 0 <= accepted <= drafted
     assert per_pos == accepted
+
+
+def test_the_python_engine_and_the_server_agree(smollm2, smollm2_trained_draft, eagle):
+    from eagle_llamacpp.engine import EagleLlama, Sampling
+
+    llm = EagleLlama(smollm2, smollm2_trained_draft, n_ctx=N_CTX, n_threads=2, tree=(4, 2, 2))
+    try:
+        for p in PROMPTS[:3]:
+            got = list(llm.generate(llm.tokenize(p), N_TOKENS, Sampling(temperature=0.0)))
+            assert got == tokens_of(eagle, p)[0], p
+    finally:
+        llm.close()
+
+
+def test_auto_tree_size_is_lossless(smollm2, smollm2_trained_draft, plain, tmp_path):
+    """--spec-eagle2-auto measures the verify cost per tree size at start-up and picks the drafted
+    node count per round (at most --spec-draft-n-max)."""
+    s = LlamaServer(smollm2, ["-md", str(smollm2_trained_draft), *EAGLE2_ARGS, "--spec-eagle2-auto"], n_ctx=N_CTX,
+                    log_path=tmp_path / "auto.log")
+    try:
+        drafted = rounds = 0
+        for p in PROMPTS[:3]:
+            got, r = tokens_of(s, p)
+            assert got == tokens_of(plain, p)[0], p
+            drafted += r["timings"]["draft_n"]
+            rounds += len(got) - 1 - r["timings"]["draft_n_accepted"]
+        assert 0 < drafted <= 6 * rounds
+    finally:
+        s.close()
+    assert "draft-eagle2 auto: verifying  2 tokens takes" in (tmp_path / "auto.log").read_text()
