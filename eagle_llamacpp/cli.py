@@ -44,9 +44,9 @@ def cmd_demo(args) -> int:
     print(f"plain:   {len(plain)} tokens, {plain_tps:.1f} tokens/s (one token per decode)")
     print(f"speedup {eagle_tps / plain_tps:.2f}x; same text as plain decoding: {'yes' if out == plain else 'NO'}")
     if first_diff is not None:
-        # llama.cpp's logits depend on the batch shape (1 token vs a tree): only a near tie may flip
+        # ggml's CPU kernels round decodes of 8+ tokens differently from one-token decodes (engine.CPU_TREE)
         print(f"  the texts part at token {first_diff}, where the target's two best logits are {gap:.3f} apart "
-              "(llama.cpp rounds a one-token decode and a tree decode differently)")
+              "(a near tie; ggml rounds verify batches of 8+ tokens differently from one-token decodes)")
     return 0
 
 
