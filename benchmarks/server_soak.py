@@ -11,6 +11,7 @@ import argparse
 import json
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from eagle_llamacpp import heads, models
@@ -81,7 +82,7 @@ def main() -> int:
         stop.set()
         for t in threads:
             t.join()
-        with __import__("urllib.request").request.urlopen(server.url + "/health", timeout=10) as r:
+        with urllib.request.urlopen(server.url + "/health", timeout=10) as r:
             healthy = r.status == 200
     finally:
         server.close()
