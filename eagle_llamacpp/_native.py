@@ -21,6 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 _PATCHED_SYMBOLS = (
     "llama_set_eagle_features",
     "llama_get_eagle_features_ith",
+    "llama_model_n_draft_vocab",
     "llama_batch_ext_set_tree",
     "llama_memory_tree_commit",
 )
@@ -70,6 +71,11 @@ lib.llama_set_eagle_features.argtypes = [llama_cpp.llama_context_p_ctypes, ctype
 lib.llama_set_eagle_features.restype = None
 lib.llama_get_eagle_features_ith.argtypes = [llama_cpp.llama_context_p_ctypes, ctypes.c_int32]
 lib.llama_get_eagle_features_ith.restype = ctypes.POINTER(ctypes.c_float)
+lib.llama_model_n_draft_vocab.argtypes = [llama_cpp.llama_model_p_ctypes]
+lib.llama_model_n_draft_vocab.restype = ctypes.c_int32
+lib.llama_model_get_draft_vocab.argtypes = [llama_cpp.llama_model_p_ctypes, ctypes.POINTER(llama_cpp.llama_token),
+                                            ctypes.c_int32]
+lib.llama_model_get_draft_vocab.restype = ctypes.c_int32
 lib.llama_batch_ext_set_tree.argtypes = [llama_cpp.llama_batch_ext_p_ctypes, ctypes.c_int32, ctypes.c_int32,
                                          ctypes.c_int32]
 lib.llama_batch_ext_set_tree.restype = ctypes.c_bool
@@ -246,6 +252,41 @@ def argmax_ith(ctx, i: int, n_vocab_: int) -> int:
     if not ptr:
         raise EagleError(f"no logits for batch index {i}")
     return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(n_vocab_,))))
+
+
+def _rows(get_ith, ctx, rows, width: int, what: str) -> np.ndarray:
+    """Rows `rows` (batch indices) of an output buffer as a [len(rows), width] view: outputs lie
+    in batch order, so consecutive rows are usually one block (else one view per row)."""
+    ptrs = [ctypes.cast(get_ith(ctx, int(i)), ctypes.c_void_p).value for i in rows]
+    if not all(ptrs):
+        raise EagleError(f"no {what} for batch index {int(rows[ptrs.index(None)])}")
+    stride = width * 4
+    if all(p - ptrs[0] == k * stride for k, p in enumerate(ptrs)):
+        return np.ctypeslib.as_array(ctypes.cast(ptrs[0], _FLOAT_P), shape=(len(ptrs), width))
+    return np.stack([np.ctypeslib.as_array(ctypes.cast(p, _FLOAT_P), shape=(width,)) for p in ptrs])
+
+
+def logits_rows(ctx, rows, n_vocab_: int, columns: np.ndarray | None = None) -> np.ndarray:
+    """Logits of batch indices `rows`, [len(rows), n_vocab] (or only `columns` of them), copied."""
+    view = _rows(llama_cpp.llama_get_logits_ith, ctx, rows, n_vocab_, "logits")
+    return view.copy() if columns is None else view[:, columns]
+
+
+def feature_rows(ctx, rows, n_embd_: int) -> np.ndarray:
+    """Feature rows of batch indices `rows`, [len(rows), n_embd], copied."""
+    return _rows(lib.llama_get_eagle_features_ith, ctx, rows, n_embd_, "feature row").copy()
+
+
+def draft_vocab(model) -> np.ndarray | None:
+    """Target token id of each row of an eagle2 draft's lm_head; None when it covers the whole vocabulary."""
+    n = lib.llama_model_n_draft_vocab(model)
+    if n <= 0:
+        return None
+    ids = np.zeros(n, dtype=np.int32)
+    got = lib.llama_model_get_draft_vocab(model, ids.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token)), n)
+    if got != n:
+        raise EagleError(f"cannot read the draft vocabulary ({got} of {n} tokens)")
+    return ids
 
 
 def features_ith(ctx, i: int, n_embd_: int) -> np.ndarray:

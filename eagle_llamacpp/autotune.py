@@ -1,9 +1,11 @@
-"""tree="auto": pick the verified tree size that maximizes expected tokens per second.
+"""tree="auto": draft only when it pays, and verify the tree size with the best expected tokens per ms.
 
-The verify latency of each tree size is measured once per model and machine and cached. Each round,
-EAGLE-2's observation that a node's cumulative draft probability predicts its acceptance gives the
-expected accepted tokens of the best N candidates, scaled by how well that prediction has matched
-the acceptance observed so far in this engine.
+The verify latency of each tree size (one token included: plain decoding) is measured once per model
+and machine and cached. Each round, EAGLE-2's observation that a node's cumulative draft probability
+predicts its acceptance gives the expected accepted tokens of the best N candidates, scaled by how
+well that prediction has matched the acceptance observed so far. The draft itself is skipped for a
+while (then caught up in one batched decode) when the rounds that drafted have been losing time
+against plain decoding.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import json
 import os
 import platform
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -21,7 +22,8 @@ from . import _native as nat
 from .models import cache_dir
 from .tree import TreeBuilder
 
-SIZES = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # verified tokens, root included
+SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)  # verified tokens, root included
+MAX_SKIP = 16  # rounds without a draft between two probes, at most
 
 
 def _machine_key(target, n_threads: int, n_gpu_layers: int) -> str:
@@ -57,36 +59,86 @@ def measure_verify_ms(target, sizes=SIZES, reps: int = 3) -> dict[int, float]:
     return out
 
 
-class AutoTreeSize:
-    def __init__(self, target, *, n_threads: int, n_gpu_layers: int, max_tokens: int):
-        self.sizes = [n for n in SIZES if n <= max_tokens]
-        path = cache_dir() / "autotune" / f"{_machine_key(target, n_threads, n_gpu_layers)}.json"
-        cached = json.loads(path.read_text()) if path.is_file() else {}
-        if all(str(n) in cached for n in self.sizes):
-            self.verify_ms = {n: cached[str(n)] for n in self.sizes}
-        else:
-            self.verify_ms = measure_verify_ms(target, self.sizes)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({**cached, **{str(k): v for k, v in self.verify_ms.items()}}))
+def cached_verify_ms(target, *, n_threads: int, n_gpu_layers: int, max_tokens: int) -> dict[int, float]:
+    """measure_verify_ms for sizes up to max_tokens, cached per target file and machine."""
+    sizes = [n for n in SIZES if n <= max_tokens]
+    path = cache_dir() / "autotune" / f"{_machine_key(target, n_threads, n_gpu_layers)}.json"
+    cached = json.loads(path.read_text()) if path.is_file() else {}
+    if all(str(n) in cached for n in sizes):
+        return {n: cached[str(n)] for n in sizes}
+    measured = measure_verify_ms(target, sizes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**cached, **{str(k): v for k, v in measured.items()}}))
+    return measured
+
+
+class AutoPolicy:
+    """The proposer's policy for tree="auto" (see proposer.FixedPolicy for the interface)."""
+
+    def __init__(self, verify_ms: dict[int, float]):
+        if 1 not in verify_ms:
+            raise ValueError("verify_ms needs the cost of one token (plain decoding)")
+        self.verify_ms = dict(sorted(verify_ms.items()))
         self.calibration = 1.0  # observed / predicted accepted tokens, running average
-        self.draft_ms = 0.0
+        self.decode_ms = 0.0    # one draft decode, running average
+        self.gain_ms = 0.0      # time a drafting round saved against plain decoding, running average
+        self.backoff = 0        # rounds to skip after the next losing probe
+        self.skip = 0           # rounds left without a draft
         self.last_expected = 0.0
 
-    def choose(self, builder: TreeBuilder) -> int:
-        """Drafted node count (root excluded) with the best expected tokens per ms."""
-        probs = np.exp(builder.candidate_scores())
-        best, best_rate = 1, -1.0
-        for n in self.sizes:
-            expected = 1.0 + self.calibration * float(probs[:n - 1].sum())  # + the bonus token
-            rate = expected / (self.draft_ms + self.verify_ms[n])
-            if rate > best_rate:
-                best, best_rate = n - 1, rate
-                self.last_expected = expected - 1.0
-        return min(best, len(probs))
+    def verify_cost(self, n_tokens: int) -> float:
+        """ms of verifying n_tokens, interpolated between the measured sizes."""
+        return float(np.interp(n_tokens, list(self.verify_ms), list(self.verify_ms.values())))
 
-    def observe(self, n_accepted: int, draft_ms: float) -> None:
-        if self.last_expected > 0:
+    def should_draft(self) -> bool:
+        if self.skip > 0:
+            self.skip -= 1
+            return False
+        return True
+
+    def _best(self, probs: np.ndarray, extra_ms: float = 0.0) -> tuple[int, float, float]:
+        """(drafted nodes, tokens per ms, expected accepted) of the best size for candidate probabilities
+        `probs` (descending); 0 nodes is plain decoding. The draft already spent is sunk."""
+        best = (0, 1.0 / self.verify_ms[1], 0.0)
+        cum = np.concatenate([[0.0], np.cumsum(probs)])
+        for n, ms in self.verify_ms.items():
+            if n == 1 or n - 1 > len(probs):
+                continue
+            expected = self.calibration * float(cum[n - 1])
+            rate = (1.0 + expected) / (ms + extra_ms)
+            if rate > best[1]:
+                best = (n - 1, rate, expected)
+        return best
+
+    def choose(self, builder: TreeBuilder) -> int:
+        n, _, self.last_expected = self._best(np.exp(builder.candidate_scores()))
+        return n
+
+    def keep_expanding(self, builder: TreeBuilder) -> bool:
+        """Whether one more level could beat the best tree of the candidates so far, after paying for
+        its decode: no new node is likelier than the likeliest node of the frontier."""
+        probs = np.exp(builder.candidate_scores())
+        _, rate_now, _ = self._best(probs)
+        p_max = float(np.exp(builder.frontier_scores().max()))
+        n_new = min(builder.top_k * len(builder.frontier_scores()), max(self.verify_ms) - 1)
+        bound = np.sort(np.concatenate([probs, np.full(n_new, p_max)]))[::-1]
+        _, rate_bound, _ = self._best(bound, extra_ms=self.decode_ms)
+        return rate_bound > rate_now
+
+    def observe(self, n_drafted: int, n_accepted: int, draft_ms: float, n_decodes: int) -> None:
+        """After a round: n_decodes = 0 when the draft was skipped."""
+        if n_decodes == 0:
+            return
+        if n_drafted > 0 and self.last_expected > 0:
             ratio = n_accepted / self.last_expected
             # floored, so that a bad stretch does not switch speculation off for good
             self.calibration = max(0.05, 0.9 * self.calibration + 0.1 * min(ratio, 4.0))
-        self.draft_ms = draft_ms if self.draft_ms == 0 else 0.9 * self.draft_ms + 0.1 * draft_ms
+        per_decode = draft_ms / n_decodes
+        self.decode_ms = per_decode if self.decode_ms == 0 else 0.9 * self.decode_ms + 0.1 * per_decode
+        gain = (n_accepted + 1) * self.verify_ms[1] - (draft_ms + self.verify_cost(n_drafted + 1))
+        self.gain_ms = 0.8 * self.gain_ms + 0.2 * gain
+        if self.gain_ms < 0:
+            self.skip = self.backoff
+            self.backoff = min(2 * self.backoff + 1, MAX_SKIP)
+        else:
+            self.backoff = 0

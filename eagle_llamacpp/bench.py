@@ -1,8 +1,9 @@
 """`eagle-llamacpp bench`: MT-bench first turns, greedy, every method on every prompt in one run
-(interleaved, so machine noise hits all alike): plain decoding, EAGLE-2 (auto and fixed trees, full
-and restricted draft vocabulary), and upstream's alternatives through the patched llama-server
-(no speculation, EAGLE-2 of patch 0005, a draft model, n-gram lookup). Writes a markdown table, JSON
-and a PNG plot.
+(interleaved, so machine noise hits all alike): plain decoding, EAGLE-2 (auto trees per draft
+vocabulary, a fixed tree), and upstream's alternatives through the patched llama-server (no
+speculation, EAGLE-2 of patch 0005, a draft model, n-gram lookup). For each method it reports where
+a round's time goes (draft, verify, the rest), and for the machine the ceiling an oracle draft would
+reach at each tree size. Writes a markdown table, JSON and a PNG plot.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ class Result:
     drafted: int = 0
     accepted: int = 0
     tokens: list[int] = field(default_factory=list, repr=False)
+    draft_s: float | None = None   # of gen_s: in the draft (None where not measured: the servers)
+    verify_s: float | None = None  # of gen_s: in the target's verify decodes
+    drafting_rounds: int | None = None
 
 
 def pick_questions(n: int, questions: list[Question] | None = None) -> list[Question]:
@@ -49,11 +53,12 @@ def pick_questions(n: int, questions: list[Question] | None = None) -> list[Ques
 class PythonMethods:
     """Plain decoding and EAGLE-2 variants, all in this process on the patched libllama."""
 
-    def __init__(self, target: Path, draft: Path, n_threads: int, n_ctx: int, eagle: dict[str, dict]):
+    def __init__(self, target: Path, n_threads: int, n_ctx: int, eagle: dict[str, tuple[Path, dict]]):
+        """eagle: method name -> (draft GGUF, EagleLlama keywords)."""
         from .engine import EagleLlama
 
         self.engines = {name: EagleLlama(target, draft, n_ctx=n_ctx, n_threads=n_threads, **kw)
-                        for name, kw in eagle.items()}
+                        for name, (draft, kw) in eagle.items()}
         self.plain_target = next(iter(self.engines.values())).target
 
     def names(self) -> list[str]:
@@ -67,11 +72,12 @@ class PythonMethods:
         out = list(llm.generate(tokens, max_tokens, _greedy(), stats))
         wall = time.perf_counter() - t0
         return Result(name, q.question_id, q.category, len(out), wall - stats.prompt_s, stats.rounds,
-                      stats.drafted, stats.accepted, out)
+                      stats.drafted, stats.accepted, out, stats.draft_s, stats.verify_s, stats.drafting_rounds)
 
     def _plain(self, tokens: list[int], max_tokens: int, q: Question) -> Result:
         out, gen_s = plain_greedy(next(iter(self.engines.values())), tokens, max_tokens)
-        return Result("plain", q.question_id, q.category, len(out), gen_s, len(out) - 1, tokens=out)
+        return Result("plain", q.question_id, q.category, len(out), gen_s, len(out) - 1, tokens=out,
+                      draft_s=0.0, verify_s=gen_s, drafting_rounds=0)
 
     def close(self) -> None:
         for llm in self.engines.values():
@@ -159,9 +165,17 @@ def summarize(results: list[Result], methods: list[str]) -> dict:
         n, s = sum(r.n_tokens for r in rs), sum(r.gen_s for r in rs)
         decodes = sum(r.decodes for r in rs)
         drafted, accepted = sum(r.drafted for r in rs), sum(r.accepted for r in rs)
-        return {"tokens": n, "seconds": round(s, 3), "tokens_per_s": round(n / s, 3) if s else 0.0,
-                "acceptance_length": round((n - len(rs)) / decodes, 3) if decodes else None,
-                "draft_acceptance_rate": round(accepted / drafted, 3) if drafted else None}
+        out = {"tokens": n, "seconds": round(s, 3), "tokens_per_s": round(n / s, 3) if s else 0.0,
+               "acceptance_length": round((n - len(rs)) / decodes, 3) if decodes else None,
+               "draft_acceptance_rate": round(accepted / drafted, 3) if drafted else None,
+               "ms_per_round": round(s * 1e3 / decodes, 3) if decodes else None}
+        if decodes and all(r.draft_s is not None for r in rs):
+            draft, verify = sum(r.draft_s for r in rs), sum(r.verify_s for r in rs)
+            out.update(draft_ms_per_round=round(draft * 1e3 / decodes, 3),
+                       verify_ms_per_round=round(verify * 1e3 / decodes, 3),
+                       other_ms_per_round=round((s - draft - verify) * 1e3 / decodes, 3),
+                       drafting_rounds=sum(r.drafting_rounds for r in rs))
+        return out
 
     out = {}
     for m in methods:
@@ -175,7 +189,10 @@ def summarize(results: list[Result], methods: list[str]) -> dict:
                                                  for r in rs if r.question_id in server_plain)
         row["by_category"] = {c: agg([r for r in rs if r.category == c]) for c in cats}
         out[m] = row
+    plain_ms = out.get("plain", {}).get("ms_per_round")
     for m, row in out.items():
+        if plain_ms and row.get("verify_ms_per_round") is not None:
+            row["verify_over_plain_token"] = round(row["verify_ms_per_round"] / plain_ms, 3)
         for base in ("plain", "server-plain"):
             if base in out and out[base]["tokens_per_s"]:
                 row[f"speedup_vs_{base}"] = round(row["tokens_per_s"] / out[base]["tokens_per_s"], 3)
@@ -185,15 +202,34 @@ def summarize(results: list[Result], methods: list[str]) -> dict:
     return out
 
 
-def markdown(summary: dict, n_prompts: int) -> str:
+def markdown(summary: dict, n_prompts: int, ceiling: dict | None = None) -> str:
+    def fmt(v, spec=".2f"):
+        return "-" if v is None else format(v, spec)
+
     lines = ["| method | tokens/s | x plain | x server-plain | acceptance length | draft accepted | "
              f"same tokens as plain (of {n_prompts}) |", "|---|---|---|---|---|---|---|"]
     for m, r in summary.items():
-        def fmt(v, spec=".2f"):
-            return "-" if v is None else format(v, spec)
         lines.append(f"| {m} | {r['tokens_per_s']:.2f} | {fmt(r.get('speedup_vs_plain'))} | "
                      f"{fmt(r.get('speedup_vs_server-plain'))} | {fmt(r['acceptance_length'])} | "
                      f"{fmt(r['draft_acceptance_rate'], '.0%')} | {r['same_tokens_as_plain']} |")
+    lines += ["", "Where a round's time goes (a round: one target decode; plain decoding: one token):", "",
+              "| method | ms per round | draft ms | verify ms | other ms | verify / plain token | tokens per round "
+              "| rounds that drafted |", "|---|---|---|---|---|---|---|---|"]
+    for m, r in summary.items():
+        n_rounds = round(r["tokens"] / r["acceptance_length"]) if r.get("acceptance_length") else None
+        drafting = r.get("drafting_rounds")
+        lines.append(f"| {m} | {fmt(r.get('ms_per_round'))} | {fmt(r.get('draft_ms_per_round'))} | "
+                     f"{fmt(r.get('verify_ms_per_round'))} | {fmt(r.get('other_ms_per_round'))} | "
+                     f"{fmt(r.get('verify_over_plain_token'))} | {fmt(r.get('acceptance_length'))} | "
+                     f"{'-' if drafting is None or not n_rounds else f'{drafting / n_rounds:.0%}'} |")
+    if ceiling:
+        sizes = list(ceiling["verify_ms"])
+        lines += ["", "Ceiling on this machine: an oracle draft (every drafted token accepted, zero draft cost) "
+                  "verifying N tokens per round, from the measured verify cost:", "",
+                  "| N verified | " + " | ".join(map(str, sizes)) + " |", "|---" * (len(sizes) + 1) + "|",
+                  "| verify ms | " + " | ".join(f"{ceiling['verify_ms'][n]:.1f}" for n in sizes) + " |",
+                  "| cost / one token | " + " | ".join(f"{ceiling['cost'][n]:.2f}" for n in sizes) + " |",
+                  "| ceiling x plain | " + " | ".join(f"{ceiling['speedup'][n]:.2f}" for n in sizes) + " |"]
     cats = sorted({c for r in summary.values() for c in r["by_category"]})
     lines += ["", "Speedup vs plain per MT-bench category:", "",
               "| method | " + " | ".join(cats) + " |", "|---" * (len(cats) + 1) + "|"]
@@ -201,6 +237,14 @@ def markdown(summary: dict, n_prompts: int) -> str:
         vals = [r["by_category"].get(c, {}).get("speedup_vs_plain") for c in cats]
         lines.append(f"| {m} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in vals) + " |")
     return "\n".join(lines) + "\n"
+
+
+def oracle_ceiling(verify_ms: dict[int, float]) -> dict:
+    """Speedup of an oracle draft at each verified size N: N tokens per round for the cost of verifying N."""
+    one = verify_ms[1]
+    return {"verify_ms": {n: round(ms, 3) for n, ms in verify_ms.items()},
+            "cost": {n: round(ms / one, 3) for n, ms in verify_ms.items()},
+            "speedup": {n: round(n * one / ms, 3) for n, ms in verify_ms.items()}}
 
 
 def plot(summary: dict, path: Path, title: str) -> Path | None:
@@ -228,31 +272,32 @@ def plot(summary: dict, path: Path, title: str) -> Path | None:
     return path
 
 
-def run_bench(target: Path, draft: Path, *, n_prompts: int, max_tokens: int, out_dir: Path, n_threads: int = 2,
-              n_ctx: int = 2048, fixed_tree=(6, 3, 2), draft_vocabs=(8192,), draft_model: Path | None = None,
-              with_server: bool = True, progress: bool = True) -> dict:
+def run_bench(target: Path, drafts: dict[str, Path], *, n_prompts: int, max_tokens: int, out_dir: Path,
+              n_threads: int = 2, n_ctx: int = 2048, fixed_tree=(6, 4, 2), draft_model: Path | None = None,
+              with_server: bool = True, with_fixed: bool = True, progress: bool = True) -> dict:
+    """drafts: label -> eagle2 draft GGUF (e.g. one per draft vocabulary); each gets an auto-tree run, the
+    first also the fixed tree and llama-server's draft-eagle2."""
     from tqdm import tqdm
 
-    from .draft import TargetModel
+    from .autotune import measure_verify_ms
     from .features import ChatRenderer
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    # full draft vocabulary, then each restricted one; the fixed tree uses the first restriction
-    eagle = {"eagle2-auto": {"tree": "auto"}}
-    eagle.update({f"eagle2-auto-vocab{n}": {"tree": "auto", "draft_vocab": n} for n in draft_vocabs})
-    eagle["eagle2-fixed-" + "-".join(map(str, fixed_tree))] = {"tree": tuple(fixed_tree),
-                                                                "draft_vocab": draft_vocabs[0] if draft_vocabs else None}
+    first = next(iter(drafts.values()))
+    eagle = {f"eagle2-auto{label}": (path, {"tree": "auto"}) for label, path in drafts.items()}
+    if with_fixed:
+        eagle["eagle2-fixed-" + "-".join(map(str, fixed_tree))] = (first, {"tree": tuple(fixed_tree)})
     servers = {}
     if with_server:
         servers = {"server-plain": [], "server-ngram-simple": ["--spec-type", "ngram-simple"],
                    "server-ngram-mod": ["--spec-type", "ngram-mod"]}
-        # patch 0005: the same head, drafted and verified in C++ (full draft vocabulary)
-        servers["server-eagle2"] = ["-md", str(draft), "--spec-type", "draft-eagle2", "--spec-draft-n-max", "4",
-                                    "--spec-eagle2-depth", "2", "--spec-eagle2-top-k", "2"]
+        # patch 0005: the same head, drafted and verified in C++, drafting only when it pays
+        servers["server-eagle2"] = ["-md", str(first), "--spec-type", "draft-eagle2", "--spec-draft-n-max", "6",
+                                    "--spec-eagle2-depth", "5", "--spec-eagle2-top-k", "4"]
         if draft_model:
             servers["server-draft-model"] = ["-md", str(draft_model), "-td", str(n_threads)]
     questions = pick_questions(n_prompts)
-    py = PythonMethods(target, draft, n_threads, n_ctx, eagle)
+    py = PythonMethods(target, n_threads, n_ctx, eagle)
     srv = None
     try:
         srv = ServerMethods(target, servers, n_threads, n_ctx, out_dir) if servers else None
@@ -270,18 +315,20 @@ def run_bench(target: Path, draft: Path, *, n_prompts: int, max_tokens: int, out
                 results.append(runner.run(name, toks, max_tokens, q))
                 bar.update(1)
         bar.close()
+        ceiling = oracle_ceiling(measure_verify_ms(py.plain_target, sizes=(1, 2, 3, 4, 5, 6, 7, 8)))
     finally:
         py.close()
         if srv:
             srv.close()
     methods = [name for name, _ in runners]
     summary = summarize(results, methods)
-    report = {"target": target.name, "draft": draft.name, "draft_model": draft_model.name if draft_model else None,
+    report = {"target": target.name, "drafts": {k: v.name for k, v in drafts.items()},
+              "draft_model": draft_model.name if draft_model else None,
               "n_prompts": len(questions), "max_tokens": max_tokens, "n_threads": n_threads,
               "machine": f"{platform.machine()}, {_cpu_name()}, {__import__('os').cpu_count()} cores",
-              "summary": summary, "results": [asdict(r) for r in results]}
+              "ceiling": ceiling, "summary": summary, "results": [asdict(r) for r in results]}
     (out_dir / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
-    md = markdown(summary, len(questions))
+    md = markdown(summary, len(questions), ceiling)
     (out_dir / "bench.md").write_text(md)
     plot(summary, out_dir / "bench.png", f"{target.name}, MT-bench x{len(questions)}, {max_tokens} tokens, "
                                          f"{n_threads} threads")

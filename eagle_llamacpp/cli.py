@@ -19,9 +19,8 @@ def cmd_demo(args) -> int:
 
     target_path = models.fetch(models.QWEN25_CODER_05B)
     draft_path = Path(args.draft) if args.draft else heads.draft_gguf(heads.shipped_head(models.QWEN25_CODER_05B),
-                                                                       target_path)
-    llm = EagleLlama(target_path, draft_path, n_ctx=2048, n_threads=args.threads, tree=args.tree,
-                     draft_vocab=args.draft_vocab)
+                                                                       target_path, args.draft_vocab)
+    llm = EagleLlama(target_path, draft_path, n_ctx=2048, n_threads=args.threads, tree=args.tree)
     try:
         prompt = ChatRenderer(llm.target).prompt_tokens([{"role": "user", "content": args.prompt}])
         plain_greedy(llm, prompt[:16], 4)  # warm-up: graphs, and the auto tree's latency table
@@ -90,15 +89,29 @@ def add_train_args(t) -> None:
     t.add_argument("-t", "--threads", type=int, default=None)
 
 
+def bench_drafts(args, target: Path, work: Path) -> dict[str, Path]:
+    """The drafts `bench` compares: -md as given, or --head (or an untrained head) converted once per
+    --draft-vocab size."""
+    from . import heads
+    from .random_head import head_for_target
+
+    if args.draft:
+        return {"": Path(args.draft)}
+    head = Path(args.head) if args.head else head_for_target(target, work / "untrained-head")
+    sizes = [int(v) for v in args.draft_vocab.split(",") if v] if args.head else [0]
+    return {("-fullvocab" if n == 0 else f"-vocab{n}"): heads.draft_gguf(head, target, n) for n in sizes}
+
+
 def cmd_bench(args) -> int:
     from .bench import run_bench
 
-    out = run_bench(Path(args.target), Path(args.draft), n_prompts=args.n_prompts, max_tokens=args.n_predict,
-                    out_dir=Path(args.out), n_threads=args.threads, n_ctx=args.ctx_size,
+    target, out_dir = Path(args.target), Path(args.out)
+    drafts = bench_drafts(args, target, out_dir)
+    out = run_bench(target, drafts, n_prompts=args.n_prompts, max_tokens=args.n_predict,
+                    out_dir=out_dir, n_threads=args.threads, n_ctx=args.ctx_size,
                     fixed_tree=tuple(int(v) for v in args.fixed_tree.split(",")),
-                    draft_vocabs=tuple(int(v) for v in args.draft_vocab.split(",") if v),
                     draft_model=Path(args.draft_model) if args.draft_model else None,
-                    with_server=not args.no_server, progress=not args.no_progress)
+                    with_server=not args.no_server, with_fixed=not args.no_fixed, progress=not args.no_progress)
     print(out["markdown"])
     print(f"written: {args.out}/bench.md, bench.json, bench.png", file=sys.stderr)
     return 0
@@ -106,16 +119,22 @@ def cmd_bench(args) -> int:
 
 def add_bench_args(b) -> None:
     b.add_argument("--target", "-m", required=True, help="target model GGUF")
-    b.add_argument("--draft", "-md", required=True, help="eagle2 draft GGUF")
+    drafts = b.add_mutually_exclusive_group(required=True)
+    drafts.add_argument("--draft", "-md", help="eagle2 draft GGUF")
+    drafts.add_argument("--head", help="an EAGLE head folder (HF layout), converted for the target per --draft-vocab")
+    drafts.add_argument("--untrained", action="store_true",
+                        help="a random head of the target's shape (whole vocabulary): what drafting costs when "
+                             "nothing gets accepted")
+    b.add_argument("--draft-vocab", default="2048",
+                   help="with --head: comma list of draft vocabulary sizes, one auto-tree run each (0: the whole one)")
     b.add_argument("--draft-model", help="a small model of the same vocabulary for upstream's draft-model "
                                          "speculation in llama-server (e.g. the 0.5B for the 1.5B)")
     b.add_argument("-N", "--n-prompts", type=int, default=8, help="MT-bench first turns, round-robin by category")
     b.add_argument("-n", "--n-predict", type=int, default=128)
     b.add_argument("-c", "--ctx-size", type=int, default=2048)
     b.add_argument("-t", "--threads", type=int, default=2)
-    b.add_argument("--fixed-tree", default="6,3,2", help="TOTAL,DEPTH,TOP_K of the fixed-tree EAGLE-2 run")
-    b.add_argument("--draft-vocab", default="8192",
-                   help="comma list of restricted draft vocabulary sizes: one auto-tree run each ('' for none)")
+    b.add_argument("--fixed-tree", default="6,4,2", help="TOTAL,DEPTH,TOP_K of the fixed-tree EAGLE-2 run")
+    b.add_argument("--no-fixed", action="store_true", help="skip the fixed-tree run")
     b.add_argument("--no-server", action="store_true", help="skip the llama-server methods")
     b.add_argument("--no-progress", action="store_true")
     b.add_argument("-o", "--out", default="bench-out")
@@ -138,7 +157,7 @@ def cmd_generate(args) -> int:
     from .engine import EagleLlama
 
     llm = EagleLlama(args.target, args.draft, n_ctx=args.ctx_size, n_threads=args.threads,
-                     n_gpu_layers=args.n_gpu_layers, tree=args.tree, draft_vocab=args.draft_vocab)
+                     n_gpu_layers=args.n_gpu_layers, tree=args.tree)
     try:
         t0 = time.perf_counter()
         last = {}
@@ -179,9 +198,8 @@ def add_generate_args(g) -> None:
     g.add_argument("--min-p", type=float, default=0.05)
     g.add_argument("-s", "--seed", type=int, default=None)
     g.add_argument("--tree", type=parse_tree, default="auto",
-                   help="draft tree: auto (measured on this machine) or TOTAL,DEPTH,TOP_K (TOP_K=1: a chain)")
-    g.add_argument("--draft-vocab", type=int, default=None,
-                   help="restrict the draft's lm_head to the N most frequent target tokens (trained heads)")
+                   help="draft tree: auto (measured on this machine; drafts only when it pays) or TOTAL,DEPTH,TOP_K "
+                        "(DEPTH: tree levels, TOP_K=1: a chain)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("-n", "--n-predict", type=int, default=128)
     d.add_argument("-t", "--threads", type=int, default=2)
     d.add_argument("--tree", type=parse_tree, default="auto")
-    d.add_argument("--draft-vocab", type=int, default=2048,
-                   help="restricted draft vocabulary (0: the full one); 2048 was fastest in `bench` here")
+    d.add_argument("--draft-vocab", type=int, default=None,
+                   help="draft vocabulary the shipped head is converted with (0: the whole vocabulary; "
+                        "default: convert_eagle.py's)")
     args, rest = p.parse_known_args(argv)
     if args.cmd == "convert":
         from .convert import main as convert_main

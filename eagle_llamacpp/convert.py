@@ -13,7 +13,8 @@ import gguf
 import numpy as np
 
 from .checkpoint import CheckpointError, EagleHead, load_head
-from .constants import DRAFT_VOCAB_FILE, DRAFT_VOCAB_KEY, TARGET_ARCH_KEY, TARGET_LAYERS_KEY, TARGET_NAME_KEY
+from .constants import DEFAULT_DRAFT_VOCAB, DRAFT_VOCAB_FILE, TARGET_ARCH_KEY, TARGET_LAYERS_KEY, TARGET_NAME_KEY
+from .gguf_tensors import copy_field
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 SUPPORTED_TARGETS = ("llama", "qwen2")
@@ -106,28 +107,41 @@ def _cast(arr: np.ndarray, outtype: str):
     return gguf.quants.quantize(arr.astype(np.float32), qtype), qtype
 
 
-def _copy_target_tensors(writer, target: TargetInfo) -> None:
-    """Embeds the target's token_embd and lm_head (bit for bit, any quant type)."""
-    reader = gguf.GGUFReader(target.gguf_path)
-    by_name = {t.name: t for t in reader.tensors}
-    if "token_embd.weight" not in by_name:
-        raise ConvertError("--embed-target-head: the target GGUF has no token_embd.weight")
-    for src, dst in (("token_embd.weight", "token_embd.weight"),
-                     ("output.weight" if "output.weight" in by_name else "token_embd.weight", "output.weight")):
-        t = by_name[src]
-        shape = [int(x) for x in reversed(t.shape.tolist())]  # GGUF stores ne; numpy order is reversed
-        if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
-            writer.add_tensor(dst, np.asarray(t.data).reshape(shape))
-        else:
-            writer.add_tensor(dst, np.asarray(t.data), raw_shape=np.asarray(t.data).shape, raw_dtype=t.tensor_type)
+def _target_tensors(target: TargetInfo) -> dict:
+    return {t.name: t for t in gguf.GGUFReader(target.gguf_path).tensors}
 
 
-def _copy_field(writer, fld) -> None:
-    vtype = fld.types[0]
-    if vtype == gguf.GGUFValueType.ARRAY:
-        writer.add_key_value(fld.name, fld.contents(), vtype, sub_type=fld.types[-1])
+def _add_raw(writer, name: str, t, rows: np.ndarray | None = None) -> None:
+    """Adds tensor t (or only its rows) bit for bit, in its own type (quantized rows are whole blocks)."""
+    data = np.asarray(t.data)
+    if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+        data = data.reshape([int(x) for x in reversed(t.shape.tolist())])  # GGUF stores ne: numpy order reversed
+        writer.add_tensor(name, data if rows is None else data[rows])
     else:
-        writer.add_key_value(fld.name, fld.contents(), vtype)
+        data = data if rows is None else data[rows]  # [rows, bytes per row]
+        writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=t.tensor_type)
+
+
+def _lm_head(tensors: dict):
+    """The target's output projection, or its token embeddings when they are tied."""
+    return tensors["output.weight"] if "output.weight" in tensors else tensors["token_embd.weight"]
+
+
+def _copy_target_tensors(writer, tensors: dict, with_output: bool) -> None:
+    """Embeds the target's token_embd (and its whole lm_head) bit for bit, any quant type."""
+    if "token_embd.weight" not in tensors:
+        raise ConvertError("--embed-target-head: the target GGUF has no token_embd.weight")
+    _add_raw(writer, "token_embd.weight", tensors["token_embd.weight"])
+    if with_output:
+        _add_raw(writer, "output.weight", _lm_head(tensors))
+
+
+def _add_draft_vocab(writer, tensors: dict, ids: list[int]) -> None:
+    """The draft vocabulary: d2t (draft row -> target token id) and the target's lm_head rows of
+    those tokens, copied in their own type, as the draft's own lm_head."""
+    rows = np.asarray(ids, dtype=np.int64)
+    writer.add_tensor("d2t", rows)
+    _add_raw(writer, "output.weight", _lm_head(tensors), rows)
 
 
 def read_draft_vocab(head_dir: Path, n_vocab: int) -> list[int] | None:
@@ -144,8 +158,30 @@ def read_draft_vocab(head_dir: Path, n_vocab: int) -> list[int] | None:
     return ids
 
 
+def pick_draft_vocab(head_dir: Path, n_vocab: int, size: int | None) -> list[int] | None:
+    """The draft vocabulary to convert with: size None = DEFAULT_DRAFT_VOCAB tokens when the head lists
+    its frequent tokens (else the whole vocabulary), 0 = the whole vocabulary, N = the N most frequent."""
+    if size is not None and size < 0:
+        raise ConvertError(f"--draft-vocab must be >= 0 (got {size})")
+    ids = read_draft_vocab(head_dir, n_vocab)
+    if size == 0 or (ids is None and size is None):
+        return None
+    if ids is None:
+        raise ConvertError(f"--draft-vocab {size}: the head has no {DRAFT_VOCAB_FILE} (its tokens by frequency); "
+                           "heads trained with `eagle-llamacpp train` have one. Use --draft-vocab 0.")
+    n = DEFAULT_DRAFT_VOCAB if size is None else size
+    if n >= n_vocab:
+        return None  # no smaller than the whole vocabulary
+    if n > len(ids):
+        raise ConvertError(f"--draft-vocab {n}: {DRAFT_VOCAB_FILE} lists only {len(ids)} tokens")
+    return ids[:n]
+
+
 def convert(head_dir: str | Path, outfile: str | Path, *, target: str | Path, outtype: str = "f16",
-            embed_target_head: bool = False, force: bool = False, progress: bool = False) -> Path:
+            embed_target_head: bool = False, draft_vocab: int | None = None, force: bool = False,
+            progress: bool = False) -> Path:
+    """draft_vocab: None = the default size when the head lists its tokens, 0 = the whole vocabulary,
+    N = the head's N most frequent tokens (see pick_draft_vocab)."""
     if outtype not in OUTTYPES:
         raise ConvertError(f"--outtype must be one of {', '.join(OUTTYPES)}")
     outfile = Path(outfile)
@@ -156,6 +192,7 @@ def convert(head_dir: str | Path, outfile: str | Path, *, target: str | Path, ou
     check_compatible(head, tgt)
     if tgt.gguf_path is None:
         raise ConvertError("--target must be the target's GGUF: the draft GGUF copies its tokenizer from it")
+    vocab_ids = pick_draft_vocab(Path(head_dir), tgt.n_vocab, draft_vocab)
 
     tmp = outfile.with_name(f".{outfile.name}.tmp{os.getpid()}")
     writer = gguf.GGUFWriter(tmp, "eagle2")
@@ -175,20 +212,21 @@ def convert(head_dir: str | Path, outfile: str | Path, *, target: str | Path, ou
         writer.add_string(TARGET_ARCH_KEY, tgt.arch)
         writer.add_uint32(TARGET_LAYERS_KEY, tgt.n_layer)
         writer.add_string(TARGET_NAME_KEY, tgt.name)
-        draft_vocab = read_draft_vocab(Path(head_dir), tgt.n_vocab)
-        if draft_vocab is not None:
-            writer.add_array(DRAFT_VOCAB_KEY, draft_vocab)
         writer.add_file_type({"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}[outtype])
         for fld in tgt.tokenizer_fields:
-            _copy_field(writer, fld)
+            copy_field(writer, fld)
 
         for name, arr in head.tensors.items():
             if name == "embed_tokens.weight":
                 continue  # frozen copy of the target's: borrowed at run time (or embedded below)
             data, raw_dtype = _cast(arr, outtype)
             writer.add_tensor(TENSOR_MAP[name], data, raw_dtype=raw_dtype)
-        if embed_target_head:
-            _copy_target_tensors(writer, tgt)
+        if embed_target_head or vocab_ids is not None:
+            tensors = _target_tensors(tgt)
+            if embed_target_head:
+                _copy_target_tensors(writer, tensors, with_output=vocab_ids is None)
+            if vocab_ids is not None:
+                _add_draft_vocab(writer, tensors, vocab_ids)
 
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -210,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--outtype", default="f16", choices=OUTTYPES)
     p.add_argument("--embed-target-head", action="store_true",
                    help="store the target's token embeddings and lm_head in the draft GGUF")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="the draft's lm_head covers the head's N most frequent target tokens (draft_vocab.json); "
+                        f"0 = the whole vocabulary (default: {DEFAULT_DRAFT_VOCAB} when the head lists its tokens)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -220,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     outfile = args.outfile or str(Path(args.model) / f"eagle2-{args.outtype}.gguf")
     try:
         out = convert(args.model, outfile, target=args.target, outtype=args.outtype,
-                      embed_target_head=args.embed_target_head, force=args.force,
+                      embed_target_head=args.embed_target_head, draft_vocab=args.draft_vocab, force=args.force,
                       progress=not args.no_progress)
     except (CheckpointError, ConvertError, OSError) as e:
         print(f"convert_eagle.py: error: {e}", file=sys.stderr)

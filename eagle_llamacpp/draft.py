@@ -7,10 +7,8 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from threadpoolctl import ThreadpoolController
-
 from . import _native as nat
-from .constants import DRAFT_VOCAB_KEY, TARGET_ARCH_KEY, TARGET_LAYERS_KEY, TARGET_NAME_KEY
+from .constants import TARGET_ARCH_KEY, TARGET_LAYERS_KEY, TARGET_NAME_KEY
 
 
 class _ModelContext:
@@ -79,15 +77,16 @@ class TargetModel(_ModelContext):
 
 
 class EagleDraft(_ModelContext):
-    """An `eagle2` GGUF head. Token embeddings and lm_head come from the target when the GGUF has none."""
+    """An `eagle2` GGUF head. Token embeddings and lm_head come from the target when the GGUF has none.
+
+    A draft converted with a draft vocabulary (d2t) computes logits over those target tokens only;
+    its rows are then indexed by draft-vocabulary index (token_ids() maps them to target ids).
+    """
 
     def __init__(self, path: str | Path, target: TargetModel, *, n_ctx: int = 2048, n_batch: int = 512,
-                 n_threads: int = 2, n_gpu_layers: int = 0, flash_attn: bool | None = None,
-                 draft_vocab: int | None = None):
+                 n_threads: int = 2, n_gpu_layers: int = 0, flash_attn: bool | None = None):
         self.path = Path(path)
         self.target = target
-        self.vocab_ids = None     # draft vocabulary index -> target token id, when restricted
-        self._lm_head_rows = None
         self.model = nat.load_model(self.path, n_gpu_layers)
         arch = nat.model_arch(self.model)
         if arch != "eagle2":
@@ -97,7 +96,7 @@ class EagleDraft(_ModelContext):
         self.n_embd = nat.n_embd(self.model)
         self.n_vocab = nat.n_vocab(self.model)
         try:
-            # the patched context checks hidden size, vocabulary and target family
+            # the patched context checks hidden size, vocabulary, target family and the draft vocabulary
             self.ctx = nat.new_context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                        flash_attn=flash_attn, ctx_other=target.ctx)
             self._check_made_for(target)
@@ -105,33 +104,15 @@ class EagleDraft(_ModelContext):
             self.close()
             raise nat.EagleError(f"{self.path}: draft does not fit target {target.path.name}: {e}") from None
         nat.set_feature_export(self.ctx, True, per_output=True)
-        if draft_vocab:
-            self._restrict_vocab(draft_vocab)
+        # draft vocabulary index -> target token id; None: the draft computes the whole vocabulary
+        self.vocab_ids = nat.draft_vocab(self.model)
 
-    def _restrict_vocab(self, n: int) -> None:
-        """Draft logits over the n most frequent target tokens only, computed here from the draft's
-        hidden state: the full-vocabulary lm_head is the draft's biggest matmul on a CPU. The target
-        still verifies over its whole vocabulary, so the output is unchanged."""
-        import gguf
-
-        from .gguf_tensors import lm_head
-
-        fld = gguf.GGUFReader(self.path).fields.get(DRAFT_VOCAB_KEY)
-        if fld is None:
-            self.close()
-            raise nat.EagleError(f"{self.path.name} has no draft vocabulary ({DRAFT_VOCAB_KEY}); heads trained "
-                                 "with `eagle-llamacpp train` have one. Run without draft_vocab instead.")
-        ids = np.asarray(fld.contents(), dtype=np.int32)[:n]
-        self.vocab_ids = ids
-        self._lm_head_rows = np.ascontiguousarray(lm_head(self.target.path, ids))
-        # numpy's BLAS threads spin after each call and starve llama.cpp's own threads on a small
-        # CPU (verify decodes ran 4x slower): the matmul runs on the calling thread only
-        self._blas = ThreadpoolController()
-        # hidden states of every token, and no logits from llama.cpp
-        nat.set_feature_export(self.ctx, True, per_output=False)
+    @property
+    def n_draft_vocab(self) -> int:
+        return self.n_vocab if self.vocab_ids is None else len(self.vocab_ids)
 
     def token_ids(self, idx: np.ndarray) -> np.ndarray:
-        """Target token ids of draft-vocabulary indices (the identity without a restriction)."""
+        """Target token ids of draft-vocabulary indices (the identity without a draft vocabulary)."""
         idx = np.asarray(idx, dtype=np.int32)
         return idx if self.vocab_ids is None else self.vocab_ids[idx]
 
@@ -158,14 +139,10 @@ class EagleDraft(_ModelContext):
         tokens = np.asarray(tokens, dtype=np.int32)
         rows = np.arange(len(tokens)) if rows is None else np.asarray(rows)
         outputs = np.zeros(len(tokens), dtype=np.int8)
-        if self.vocab_ids is None:
-            outputs[rows] = 1
+        outputs[rows] = 1
         nat.decode(self.ctx, tokens, pos, feats=feats, outputs=outputs, tree=tree)
-        hidden = np.stack([nat.features_ith(self.ctx, int(i), self.n_embd) for i in rows])
-        if self.vocab_ids is not None:
-            with self._blas.limit(limits=1, user_api="blas"):
-                return hidden @ self._lm_head_rows.T, hidden
-        return np.stack([nat.logits_ith(self.ctx, int(i), self.n_vocab) for i in rows]), hidden
+        hidden = nat.feature_rows(self.ctx, rows, self.n_embd)
+        return nat.logits_rows(self.ctx, rows, self.n_vocab, self.vocab_ids), hidden
 
     def forward(self, tokens, feats, pos, outputs=None):
         """run() for the rows flagged in outputs (default all); (None, None) if none is."""

@@ -11,20 +11,21 @@ import numpy as np
 
 from . import _native as nat
 from .accept import greedy_accept, sample_accept, target_distribution
-from .autotune import AutoTreeSize
+from .autotune import AutoPolicy, cached_verify_ms
 from .completion import CompletionMixin
 from .draft import EagleDraft, TargetModel
-from .proposer import EagleProposer, Timer, TreeShape
+from .proposer import EagleProposer, FixedPolicy, Timer, TreeShape
 from .scorer import TreeScorer
 from .stats import SpecStats
 from .tree import DraftTree
 
-# the paper's GPU defaults, and what fits a few CPU cores (../shared/reference/cpu_costs.md). On the
-# CPU backend a decode of up to 7 tokens (flash attention on, llama.cpp's default) gives every token
-# the logits of one-token decodes to the bit; from 8 tokens ggml's tiled flash attention rounds
-# differently (up to 0.2 log-prob on Qwen2.5-0.5B Q4_K_M), and bigger trees do not pay here anyway
-GPU_TREE = TreeShape(total_tokens=60, depth=5, top_k=10)
-CPU_TREE = TreeShape(total_tokens=7, depth=4, top_k=4)
+# the paper's GPU defaults (depth counts levels: its code's depth 5), and what fits a few CPU cores
+# (../shared/reference/cpu_costs.md). On the CPU backend a decode of up to 7 tokens (flash attention
+# on, llama.cpp's default) gives every token the logits of one-token decodes to the bit; from 8 tokens
+# ggml's tiled flash attention rounds differently (up to 0.2 log-prob on Qwen2.5-0.5B Q4_K_M), and
+# bigger trees do not pay here anyway
+GPU_TREE = TreeShape(total_tokens=60, depth=6, top_k=10)
+CPU_TREE = TreeShape(total_tokens=7, depth=5, top_k=4)
 
 
 @dataclass
@@ -40,6 +41,16 @@ class Sampling:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+
+class _TargetArgmax:
+    """target_argmax[i] for greedy_accept, read only for the nodes the acceptor visits."""
+
+    def __init__(self, scorer: TreeScorer):
+        self.scorer = scorer
+
+    def __getitem__(self, i: int) -> int:
+        return self.scorer.argmax(i)
 
 
 class _TargetProbs:
@@ -58,15 +69,15 @@ class _TargetProbs:
 class EagleLlama(CompletionMixin):
     """EAGLE-2 speculative decoding of a GGUF target with an `eagle2` GGUF draft head.
 
-    tree: "auto" (measure this machine, pick the size per round), a TreeShape, or a tuple
-    (total_tokens, depth, top_k); top_k=1 drafts a chain. draft_vocab=N restricts the draft's
-    lm_head to the N most frequent target tokens of its training data (trained heads record them);
-    verification keeps the full vocabulary, so the output does not change, only the speed.
+    tree: "auto" (measure this machine; per round, draft only when it pays and pick the size), a
+    TreeShape, or a tuple (total_tokens, depth, top_k); top_k=1 drafts a chain. A draft converted
+    with a draft vocabulary computes its logits over those target tokens only; verification keeps
+    the full vocabulary, so the output does not change, only the speed.
     """
 
     def __init__(self, target_gguf: str | os.PathLike, draft_gguf: str | os.PathLike, *, n_ctx: int = 2048,
                  n_threads: int | None = None, n_gpu_layers: int = 0, flash_attn: bool | None = None,
-                 tree: str | TreeShape | tuple = "auto", n_batch: int = 512, draft_vocab: int | None = None):
+                 tree: str | TreeShape | tuple = "auto", n_batch: int = 512):
         n_threads = n_threads or os.cpu_count() or 2
         self.target = TargetModel(target_gguf, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                   n_gpu_layers=n_gpu_layers, flash_attn=flash_attn)
@@ -75,8 +86,7 @@ class EagleLlama(CompletionMixin):
         self.shape = max_shape if tree == "auto" else tree if isinstance(tree, TreeShape) else TreeShape(*tree)
         try:
             self.draft = EagleDraft(draft_gguf, self.target, n_ctx=self.n_ctx + self.shape.depth + 1, n_batch=n_batch,
-                                    n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                                    draft_vocab=draft_vocab)
+                                    n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn)
         except nat.EagleError:
             self.target.close()  # a draft for another target: free the target now, not at GC
             raise
@@ -84,8 +94,11 @@ class EagleLlama(CompletionMixin):
         self.n_batch = nat.llama_cpp.llama_n_batch(self.target.ctx)  # llama.cpp caps it at n_ctx
         self.proposer = EagleProposer(self.draft)
         self.scorer = TreeScorer(self.target)
-        self.auto = (AutoTreeSize(self.target, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                                  max_tokens=self.shape.total_tokens) if tree == "auto" else None)
+        if tree == "auto":
+            self.policy = AutoPolicy(cached_verify_ms(self.target, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
+                                                      max_tokens=self.shape.total_tokens))
+        else:
+            self.policy = FixedPolicy(self.shape)
         self.vocab = nat.llama_cpp.llama_model_get_vocab(self.target.model)
 
     def close(self) -> None:
@@ -112,6 +125,7 @@ class EagleLlama(CompletionMixin):
         with Timer() as t_prompt:
             root, feats = self._prefill(tokens, sampling, rng)
             self.proposer.commit(tokens[1:] + [root], feats)
+            self.proposer.catch_up()
         stats.prompt_s += t_prompt.total
         n_past, n_out = len(tokens), 1
         self.last_finish_reason = "length"
@@ -121,32 +135,29 @@ class EagleLlama(CompletionMixin):
             if room < 1:
                 return  # the context is full: finish_reason "length"
             with Timer() as t_draft:
-                tree = self._propose(root, room)
+                tree = self.proposer.propose(root, self.shape, self.policy, max_nodes=room - 1)
             with Timer() as t_verify:
                 self.scorer.score(tree, n_past)
                 if sampling.greedy:
-                    path, bonus = greedy_accept(tree, [self.scorer.argmax(i) for i in range(tree.n)])
+                    path, bonus = greedy_accept(tree, _TargetArgmax(self.scorer))
                 else:
                     path, bonus = sample_accept(tree, _TargetProbs(self.scorer, sampling), rng)
-                self.scorer.commit(path)
-                feats = np.stack([self.scorer.feature(i) for i in path])
-            stats.draft_s += t_draft.total
-            stats.verify_s += t_verify.total
+                self.scorer.commit(tree, path)
+                feats = self.scorer.features(path)
             accepted = [int(t) for t in tree.tokens[path[1:]]]
-            stats.add_round(int(tree.depths.max()), tree.n - 1, len(accepted))
-            if self.auto:
-                self.auto.observe(len(accepted), t_draft.total * 1e3)
+            stats.add_round(int(tree.depths.max()), tree.n - 1, len(accepted), self.proposer.last_decodes,
+                            t_draft.total, t_verify.total)
+            self.policy.observe(tree.n - 1, len(accepted), t_draft.total * 1e3, self.proposer.last_decodes)
+            # queued for the next draft: no decode here
+            self.proposer.commit(accepted + [bonus], feats)
+            n_past += len(path)
+            root = bonus
             for tok in accepted + [bonus]:
                 yield tok
                 n_out += 1
                 if n_out >= max_tokens or self.is_eog(tok):
                     self.last_finish_reason = "stop" if self.is_eog(tok) else "length"
                     return
-            with Timer() as t_draft:
-                self.proposer.commit(accepted + [bonus], feats)
-            stats.draft_s += t_draft.total
-            n_past += len(path)
-            root = bonus
         if self.is_eog(root):
             self.last_finish_reason = "stop"
 
@@ -170,7 +181,7 @@ class EagleLlama(CompletionMixin):
             outputs = np.zeros(len(chunk), np.int8)
             outputs[-1] = 1
             self.target.decode(chunk, start + np.arange(len(chunk)), outputs=outputs)
-            feats += [self.target.feature(i) for i in range(len(chunk))]
+            feats.append(nat.feature_rows(self.target.ctx, np.arange(len(chunk)), self.target.n_embd))
         last = len(tokens) - 1 - (len(tokens) - 1) // self.n_batch * self.n_batch
         if sampling.greedy:
             first = nat.argmax_ith(self.target.ctx, last, self.target.n_vocab)
@@ -178,15 +189,4 @@ class EagleLlama(CompletionMixin):
             p = target_distribution(self.target.logits(last), sampling.temperature, sampling.top_k,
                                     sampling.top_p, sampling.min_p)
             first = int(rng.choice(len(p), p=p))
-        return first, np.stack(feats)
-
-    def _propose(self, root: int, room: int) -> DraftTree:
-        """A draft tree that fits the `room` cells left in the target's context."""
-        if room == 1:
-            return DraftTree(np.array([root], np.int32), np.array([-1], np.int32), np.zeros(1))
-
-        def size(builder):
-            n = self.auto.choose(builder) if self.auto else self.shape.total_tokens - 1
-            return max(1, min(n, room - 1))
-
-        return self.proposer.propose(root, self.shape, size)
+        return first, np.concatenate(feats)

@@ -1,4 +1,4 @@
-"""Reading (rows of) a GGUF's weights as float32 with gguf-py, for training and the draft vocabulary."""
+"""GGUF helpers on gguf-py: (rows of) a GGUF's weights as float32 for training, and metadata copies."""
 
 from __future__ import annotations
 
@@ -24,3 +24,21 @@ def lm_head(path: str | Path, rows: np.ndarray | None = None) -> np.ndarray:
         return dequantize(path, "output.weight", rows)
     except KeyError:
         return dequantize(path, "token_embd.weight", rows)
+
+
+def copy_field(writer, fld) -> None:
+    """Copies one metadata field of a GGUFReader to a GGUFWriter, with its type."""
+    import gguf
+
+    vtype = fld.types[0]
+    if vtype == gguf.GGUFValueType.ARRAY:
+        writer.add_key_value(fld.name, fld.contents(), vtype, sub_type=fld.types[-1])
+    else:
+        writer.add_key_value(fld.name, fld.contents(), vtype)
+
+
+def copy_metadata(reader, writer, skip=("general.architecture",)) -> None:
+    """Copies every metadata field but the reader's own (GGUF.*) and those in skip."""
+    for fld in reader.fields.values():
+        if not fld.name.startswith("GGUF.") and fld.name not in skip:
+            copy_field(writer, fld)

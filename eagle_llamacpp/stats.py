@@ -13,12 +13,19 @@ class SpecStats:
     emitted: int = 0         # tokens produced by the rounds (accepted + one bonus each)
     accepted_at_depth: list[int] = field(default_factory=list)  # [d]: accepted tokens at tree depth d+1
     drafted_at_depth: list[int] = field(default_factory=list)   # [d]: rounds whose tree reached depth d+1
+    drafting_rounds: int = 0  # rounds that verified drafted tokens (the others verified the root alone)
+    draft_decodes: int = 0    # decodes of the draft head
     prompt_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
 
-    def add_round(self, tree_depth: int, n_drafted: int, n_accepted: int) -> None:
+    def add_round(self, tree_depth: int, n_drafted: int, n_accepted: int, n_draft_decodes: int = 0,
+                  draft_s: float = 0.0, verify_s: float = 0.0) -> None:
         self.rounds += 1
+        self.drafting_rounds += n_drafted > 0
+        self.draft_decodes += n_draft_decodes
+        self.draft_s += draft_s
+        self.verify_s += verify_s
         self.drafted += n_drafted
         self.accepted += n_accepted
         self.emitted += n_accepted + 1
@@ -38,6 +45,8 @@ class SpecStats:
     def as_dict(self) -> dict:
         return {
             "rounds": self.rounds,
+            "drafting_rounds": self.drafting_rounds,
+            "draft_decodes": self.draft_decodes,
             "drafted": self.drafted,
             "accepted": self.accepted,
             "mean_acceptance_length": round(self.mean_acceptance_length, 4),

@@ -13,8 +13,13 @@ import numpy as np
 def top_k_desc(values: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k largest values, largest first; ties go to the lower index."""
     k = min(k, values.size)
-    order = np.lexsort((np.arange(values.size), -values))  # primary: -value, secondary: index
-    return order[:k]
+    cand = np.arange(values.size)
+    if k < values.size:
+        # every index that can make the top k: all values >= the k-th largest (its ties included)
+        kth = np.partition(values, values.size - k)[values.size - k]
+        cand = np.flatnonzero(values >= kth)
+    order = np.lexsort((cand, -values[cand]))  # primary: -value, secondary: index
+    return cand[order[:k]]
 
 
 @dataclass
@@ -124,6 +129,10 @@ class TreeBuilder:
         rows = sel // child_tok.shape[1]
         self._frontier = Frontier(child_tok.ravel()[sel].astype(np.int32), rows, ids[sel], f.flat[rows])
         return self._frontier
+
+    def frontier_scores(self) -> np.ndarray:
+        """Cumulative log-probabilities of the nodes the next level would expand."""
+        return np.concatenate(self._score)[self._frontier.flat]
 
     def candidate_scores(self) -> np.ndarray:
         """Cumulative log-probabilities of all candidates so far, best first."""

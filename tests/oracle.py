@@ -19,8 +19,15 @@ class OracleProposer:
         self.inner.commit(tokens, feats)
         self.history += [int(t) for t in tokens]
 
-    def propose(self, root, shape, choose_size=None):
-        tree = self.inner.propose(root, shape, choose_size)
+    @property
+    def last_decodes(self):
+        return self.inner.last_decodes
+
+    def catch_up(self):
+        self.inner.catch_up()
+
+    def propose(self, root, shape, policy=None, max_nodes=None):
+        tree = self.inner.propose(root, shape, policy, max_nodes)
         assert self.history[-1] == root
         self.pick(self, tree)
         return tree

@@ -8,6 +8,7 @@ round, which is what must not bias the output.
 """
 
 import itertools
+import json
 import subprocess
 import sys
 
@@ -29,12 +30,27 @@ ALPHA = 1e-3      # significance: a correct engine fails this test once in a tho
 PROMPT = [1, 300, 301, 302]
 
 
+def make_engine(targets, tmp, draft_vocab=None):
+    """The tiny llama target with an untrained head; draft_vocab=N: the head's lm_head covers N tokens."""
+    target = targets["llama"][0]
+    head = head_for_target(target, tmp / "head")
+    if draft_vocab:
+        (head / "draft_vocab.json").write_text(json.dumps(np.random.default_rng(5).permutation(320).tolist()))
+    draft = convert(head, tmp / "draft.gguf", target=target, outtype="f32", draft_vocab=draft_vocab)
+    return EagleLlama(target, draft, n_ctx=64, n_threads=2, flash_attn=False, tree=(8, 3, 3))
+
+
 @pytest.fixture(scope="module")
 def engine(targets, tmp_path_factory):
-    target = targets["llama"][0]
-    tmp = tmp_path_factory.mktemp("sampling-head")
-    draft = convert(head_for_target(target, tmp / "head"), tmp / "draft.gguf", target=target, outtype="f32")
-    e = EagleLlama(target, draft, n_ctx=64, n_threads=2, flash_attn=False, tree=(8, 3, 3))
+    e = make_engine(targets, tmp_path_factory.mktemp("sampling-head"))
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def engine_draft_vocab(targets, tmp_path_factory):
+    e = make_engine(targets, tmp_path_factory.mktemp("sampling-head-vocab"), draft_vocab=64)
+    assert e.draft.n_draft_vocab == 64
     yield e
     e.close()
 
@@ -106,7 +122,9 @@ def chisquare(joint, counts, n_seeds):
     return chi2, p, len(exp)
 
 
-def test_sampling_matches_the_target_distribution(engine):
+@pytest.mark.parametrize("which", ["engine", "engine_draft_vocab"])
+def test_sampling_matches_the_target_distribution(which, request):
+    engine = request.getfixturevalue(which)
     joint = exact_joint(engine, 3)
     assert 4 <= len(joint) <= 64 and abs(sum(joint.values()) - 1) < 1e-9
     # top_p must actually cut: fewer than top_k^3 outcomes

@@ -6,8 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from eagle_llamacpp import _native as nat
-from eagle_llamacpp.convert import ConvertError, convert
+from eagle_llamacpp.convert import convert
 from eagle_llamacpp.draft import EagleDraft, TargetModel
 from eagle_llamacpp.features import ChatRenderer, FeatureShard, extract
 from tiny_models import write_target
@@ -142,52 +141,19 @@ def trained_draft(chat_target, shards, tmp_path_factory):
     return head, convert(head, out / "d.gguf", target=chat_target, outtype="f32")
 
 
-def test_restricted_draft_vocab_gives_the_full_logits_at_its_tokens(chat_target, trained_draft):
-    _, draft_path = trained_draft
-    t = TargetModel(chat_target, n_ctx=256, n_threads=1)
-    full = EagleDraft(draft_path, t, n_ctx=256, n_threads=1)
-    part = EagleDraft(draft_path, t, n_ctx=256, n_threads=1, draft_vocab=50)
-    assert len(part.vocab_ids) == 50
-    rng = np.random.default_rng(1)
-    tokens, feats = rng.integers(3, 300, 9), rng.standard_normal((9, full.n_embd)).astype(np.float32)
-    lf, hf = full.run(tokens, feats, np.arange(9))
-    lp, hp = part.run(tokens, feats, np.arange(9))
-    assert np.allclose(hf, hp, atol=1e-5)
-    assert np.allclose(lf[:, part.vocab_ids], lp, atol=1e-3 * np.abs(lf).max())
-    assert np.array_equal(part.token_ids([0, 49]), part.vocab_ids[[0, 49]])
-    full.close()
-    part.close()
-    t.close()
-
-
-def test_restricted_draft_vocab_keeps_greedy_output(chat_target, trained_draft):
+def test_restricted_draft_vocab_keeps_greedy_output(chat_target, trained_draft, tmp_path):
     from eagle_llamacpp.bench import plain_greedy
     from eagle_llamacpp.engine import EagleLlama, Sampling
 
-    _, draft_path = trained_draft
+    head, _ = trained_draft
     prompt = [1] + list(np.random.default_rng(2).integers(3, 300, 20))
     outs = []
-    for dv in (None, 40):
-        llm = EagleLlama(chat_target, draft_path, n_ctx=256, n_threads=1, tree=(6, 3, 2), draft_vocab=dv)
+    for dv in (0, 40):
+        draft = convert(head, tmp_path / f"d{dv}.gguf", target=chat_target, outtype="f32", draft_vocab=dv)
+        llm = EagleLlama(chat_target, draft, n_ctx=256, n_threads=1, tree=(6, 3, 2))
+        assert llm.draft.n_draft_vocab == (40 if dv else 320)
         outs.append(list(llm.generate(prompt, 40, Sampling(temperature=0.0))))
-        if dv is None:
+        if dv == 0:
             plain, _ = plain_greedy(llm, prompt, 40)
         llm.close()
     assert outs[0] == outs[1] == plain
-
-
-def test_bad_draft_vocab_is_refused(chat_target, trained_draft, tmp_path, targets):
-    import shutil
-
-    head, _ = trained_draft
-    bad = tmp_path / "bad"
-    shutil.copytree(head, bad)
-    (bad / "draft_vocab.json").write_text(json.dumps([5, 6, 100000]))
-    with pytest.raises(ConvertError, match="within the target"):
-        convert(bad, tmp_path / "bad.gguf", target=chat_target)
-    (bad / "draft_vocab.json").unlink()
-    plain = convert(bad, tmp_path / "plain.gguf", target=chat_target, outtype="f32")
-    t = TargetModel(chat_target, n_ctx=256, n_threads=1)
-    with pytest.raises(nat.EagleError, match="no draft vocabulary"):
-        EagleDraft(plain, t, n_ctx=256, n_threads=1, draft_vocab=10)
-    t.close()
