@@ -49,6 +49,10 @@ def cmd_demo(args) -> int:
     return 0
 
 
+EXTRACT_BATCH = 1024  # tokens per feature-extraction decode
+EXTRACT_SEQS = 16     # conversations per feature-extraction decode, at most
+
+
 def cmd_train(args) -> int:
     """Features from the patched llama.cpp over ShareGPT, then a head in HF layout, then its GGUF."""
     from . import data, features, train
@@ -57,9 +61,12 @@ def cmd_train(args) -> int:
 
     out = Path(args.out)
     target_path = Path(args.target)
-    cfg = train.TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                            draft_vocab=args.draft_vocab, seed=args.seed)
-    target = TargetModel(target_path, n_ctx=args.max_len, n_batch=args.max_len, n_threads=args.threads or 2)
+    cfg = train.TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, p_weight=args.p_weight,
+                            noise=args.noise, draft_vocab=args.draft_vocab, seed=args.seed)
+    # conversations are packed into big batches, one sequence each (features.extract)
+    n_batch = max(EXTRACT_BATCH, args.max_len)
+    target = TargetModel(target_path, n_ctx=n_batch, n_batch=n_batch, n_threads=args.threads or 2,
+                         n_seq_max=EXTRACT_SEQS)
     try:
         convs = data.training_conversations()
         print(f"{len(convs)} ShareGPT conversations (MT-bench questions excluded); "
@@ -67,9 +74,16 @@ def cmd_train(args) -> int:
         shards = features.extract(target, convs, out / "features", max_tokens=args.max_len, token_budget=args.tokens)
     finally:
         target.close()
+    manifest = json.loads((out / "features" / "manifest.json").read_text())
+    print(f"features: {manifest['n_tokens']} tokens, {manifest['n_tokens'] / max(manifest['seconds'], 1e-9):.1f} "
+          "tokens/s", file=sys.stderr)
     head_dir = train.train(target_path, shards, out, cfg, n_threads=args.threads)
     gguf_path = convert(head_dir, out / "eagle2-f16.gguf", target=target_path, outtype="f16", force=True)
     card = json.loads((head_dir / "training.json").read_text())
+    card["features"] = {"tokens": manifest["n_tokens"], "seconds": round(manifest["seconds"], 1),
+                        "tokens_per_s": round(manifest["n_tokens"] / max(manifest["seconds"], 1e-9), 1)}
+    (head_dir / "training.json").write_text(json.dumps(card, indent=2) + "\n")
+    print(f"training: {card['tokens_per_s']} tokens/s", file=sys.stderr)
     print(f"head: {head_dir} (HF layout), draft GGUF: {gguf_path}", file=sys.stderr)
     print(f"held-out: {card['eval']}", file=sys.stderr)
     return 0
@@ -83,6 +97,9 @@ def add_train_args(t) -> None:
     t.add_argument("--epochs", type=int, default=4)
     t.add_argument("--batch-size", type=int, default=8)
     t.add_argument("--lr", type=float, default=5e-4)
+    t.add_argument("--p-weight", type=float, default=0.1,
+                   help="weight of the token loss (soft cross-entropy) next to the feature loss")
+    t.add_argument("--noise", type=float, default=0.1, help="U(-noise, noise) on input features")
     t.add_argument("--draft-vocab", type=int, default=16384,
                    help="most frequent target tokens the cross-entropy (and a restricted lm_head) covers")
     t.add_argument("--seed", type=int, default=0)

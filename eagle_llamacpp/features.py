@@ -8,6 +8,7 @@ Shards are written as they fill up, so an interrupted extraction resumes where i
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,39 +106,59 @@ class FeatureShard:
             return cls(z["tokens"], z["feats"], z["mask"], z["offsets"])
 
 
-def target_features(target: TargetModel, tokens: np.ndarray, n_batch: int) -> np.ndarray:
-    """The final hidden state of every token (no logits are computed)."""
+def packed_features(target: TargetModel, seqs: list[np.ndarray]) -> list[np.ndarray]:
+    """The final hidden state of every token of several sequences in one target decode, each its own
+    sequence id from position 0, so that short conversations fill the batch as the target's prompt
+    processing wants it (needs len(seqs) <= n_seq_max and their tokens <= n_batch)."""
     nat.clear_memory(target.ctx)
-    out = []
-    for start in range(0, len(tokens), n_batch):
-        chunk = tokens[start:start + n_batch]
-        target.decode(chunk, start + np.arange(len(chunk)), outputs=np.zeros(len(chunk), np.int8))
-        out += [target.feature(i) for i in range(len(chunk))]
-    return np.stack(out).astype(np.float16)
+    lengths = [len(s) for s in seqs]
+    target.decode(np.concatenate(seqs), np.concatenate([np.arange(n) for n in lengths]),
+                  outputs=np.zeros(sum(lengths), np.int8), seq_ids=np.repeat(np.arange(len(seqs)), lengths))
+    feats = nat.feature_rows(target.ctx, np.arange(sum(lengths)), target.n_embd).astype(np.float16)
+    return np.split(feats, np.cumsum(lengths)[:-1])
 
 
 def extract(target: TargetModel, conversations, out_dir: Path, *, max_tokens: int, token_budget: int,
             shard_tokens: int = 16384, progress: bool = True) -> list[Path]:
     """Writes feature shards for conversations until token_budget tokens are stored; resumes from
-    the shards already in out_dir (manifest.json records how far each run got)."""
+    the shards already in out_dir (manifest.json records how far each run got). Conversations are
+    packed into the target's batches (n_batch tokens, n_seq_max sequences: see packed_features);
+    a batch depends only on where it starts, so a resumed run decodes the same batches."""
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = out_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"shards": [], "n_conv": 0,
                                                                                       "n_tokens": 0}
+    manifest.setdefault("seconds", 0.0)  # extraction wall time, over all runs
     renderer = ChatRenderer(target)
     n_batch = nat.llama_cpp.llama_n_batch(target.ctx)
+    n_seq = max(1, nat.llama_cpp.llama_n_seq_max(target.ctx))
+    if max_tokens > n_batch:
+        raise ValueError(f"max_tokens {max_tokens} exceeds the target context's n_batch {n_batch}")
     bar = _progress(progress, token_budget, manifest["n_tokens"], "features")
     pending: list[tuple] = []
     i = manifest["n_conv"]
+    rendered: dict[int, tuple] = {}  # the conversation that did not fit the last batch
+    t_last = time.perf_counter()
     while manifest["n_tokens"] < token_budget and i < len(conversations):
-        tokens, mask = renderer.tokens_and_mask(conversations[i], max_tokens)
-        i += 1
-        if mask.sum() < 8:
-            continue  # nothing to learn from
-        pending.append((tokens, target_features(target, tokens, n_batch), mask))
-        bar.update(len(tokens))
+        batch, used = [], 0
+        while i < len(conversations) and len(batch) < n_seq:
+            tokens, mask = rendered.pop(i, None) or renderer.tokens_and_mask(conversations[i], max_tokens)
+            if mask.sum() < 8:
+                i += 1
+                continue  # nothing to learn from
+            if used + len(tokens) > n_batch:
+                rendered[i] = (tokens, mask)
+                break  # it starts the next batch
+            batch.append((tokens, mask))
+            used += len(tokens)
+            i += 1
+        if batch:
+            feats = packed_features(target, [b[0] for b in batch])
+            pending += [(tokens, f, mask) for (tokens, mask), f in zip(batch, feats)]
+            bar.update(used)
         n_pending = sum(len(p[0]) for p in pending)
-        if n_pending >= shard_tokens or manifest["n_tokens"] + n_pending >= token_budget or i == len(conversations):
+        if pending and (n_pending >= shard_tokens or manifest["n_tokens"] + n_pending >= token_budget
+                        or i == len(conversations)):
             name = f"shard-{len(manifest['shards']):04d}.npz"
             lengths = [len(p[0]) for p in pending]
             FeatureShard(np.concatenate([p[0] for p in pending]), np.concatenate([p[1] for p in pending]),
@@ -146,6 +167,8 @@ def extract(target: TargetModel, conversations, out_dir: Path, *, max_tokens: in
             manifest["shards"].append(name)
             manifest["n_conv"] = i
             manifest["n_tokens"] += n_pending
+            manifest["seconds"] += time.perf_counter() - t_last
+            t_last = time.perf_counter()
             manifest_path.write_text(json.dumps(manifest))
             pending = []
     bar.close()

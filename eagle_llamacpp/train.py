@@ -182,9 +182,11 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
     head_dir = net.save_hf(out_dir / "head")
     (head_dir / DRAFT_VOCAB_FILE).write_text(json.dumps([int(t) for t in draft_vocab]))
     n_tokens = int(sum(len(s.tokens) for s in shards))
+    epoch_tokens = sum(len(data.seqs[i][0]) for i in train_idx)
     card = {"target": Path(target_gguf).name, "train_tokens": n_tokens,
             "train_sequences": len(train_idx), "eval_sequences": len(eval_idx), "steps": step,
-            "wall_s": round(wall, 1), "device": device, "config": asdict(cfg),
+            "wall_s": round(wall, 1), "tokens_per_s": round(epoch_tokens * step / steps_per_epoch / max(wall, 1e-9), 1),
+            "device": device, "config": asdict(cfg),
             "final_train": dict(zip(("vloss", "ploss", "top1"), np.mean(history[-50:], axis=0).round(4).tolist()))
             if history else None,
             "eval_before": eval_before, "eval": metrics}

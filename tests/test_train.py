@@ -61,18 +61,37 @@ def test_renderer_marks_exactly_the_assistant_replies(chat_target):
     t.close()
 
 
-def test_extraction_resumes_where_it_stopped(chat_target, shards, tmp_path):
-    t = TargetModel(chat_target, n_ctx=256, n_threads=1)
+def packing_target(chat_target):
+    """Room for several conversations per decode, as `train` extracts them."""
+    return TargetModel(chat_target, n_ctx=256, n_batch=256, n_seq_max=8, n_threads=1)
+
+
+def test_extraction_resumes_where_it_stopped(chat_target, shards, tmp_path, monkeypatch):
+    from eagle_llamacpp import features
+
+    batch_sizes = []
+    packed_features = features.packed_features
+    monkeypatch.setattr(features, "packed_features",
+                        lambda t, seqs: batch_sizes.append(len(seqs)) or packed_features(t, seqs))
+    t = packing_target(chat_target)
     convs = conversations(24)
     extract(t, convs, tmp_path, max_tokens=96, token_budget=600, shard_tokens=300, progress=False)
     first = json.loads((tmp_path / "manifest.json").read_text())
     assert 600 <= first["n_tokens"] < 10_000
     resumed = extract(t, convs, tmp_path, max_tokens=96, token_budget=10_000, shard_tokens=300, progress=False)
+    fresh = extract(t, convs, tmp_path / "fresh", max_tokens=96, token_budget=10_000, shard_tokens=300,
+                    progress=False)
     t.close()
     a = [FeatureShard.load(p) for p in resumed]
+    f = [FeatureShard.load(p) for p in fresh]
     b = [FeatureShard.load(p) for p in shards]
     assert np.array_equal(np.concatenate([s.tokens for s in a]), np.concatenate([s.tokens for s in b]))
-    assert np.array_equal(np.concatenate([s.feats for s in a]), np.concatenate([s.feats for s in b]))
+    # a resumed run decodes the batches a fresh one does
+    assert np.array_equal(np.concatenate([s.feats for s in a]), np.concatenate([s.feats for s in f]))
+    # several conversations per decode (their own sequences) give each one's features alone
+    assert max(batch_sizes) > 1
+    packed, alone = np.concatenate([s.feats for s in a]), np.concatenate([s.feats for s in b])
+    assert np.abs(packed.astype(np.float32) - alone).max() <= 1e-3 * np.abs(alone).max()
     # features are the target's final hidden state, as the engine reads it
     s = b[0]
     tokens, feats, _ = next(s.sequences())
