@@ -187,7 +187,9 @@ def test_auto_tree_is_lossless_and_drafts_only_when_it_pays(head, smollm2, smoll
                                                             plain, tmp_path):
     """--spec-eagle2-auto (the default) measures the verify cost per tree size at start-up, then drafts
     only when the draft's probabilities promise more tokens per ms than plain decoding, at most
-    --spec-draft-n-max nodes. An untrained head's drafts never do: it decodes as the plain server."""
+    --spec-draft-n-max nodes. An untrained head's drafts almost never do (a random head is confident at
+    random, rarely, and its first drafts are trusted until acceptance calibrates them): it decodes as
+    the plain server, drafting in a few rounds at most (a fixed tree would draft 6 nodes every round)."""
     draft = smollm2_trained_draft if head == "trained" else smollm2_draft
     s = LlamaServer(smollm2, ["-md", str(draft), *EAGLE2_ARGS, "--spec-eagle2-auto"], n_ctx=N_CTX,
                     log_path=tmp_path / "auto.log")
@@ -200,7 +202,7 @@ def test_auto_tree_is_lossless_and_drafts_only_when_it_pays(head, smollm2, smoll
             rounds += len(got) - 1 - r["timings"].get("draft_n_accepted", 0)
         assert drafted <= 6 * rounds
         if head == "untrained":
-            assert drafted == 0
+            assert drafted <= 6 * max(2, rounds // 20), (drafted, rounds)
     finally:
         s.close()
     log = (tmp_path / "auto.log").read_text()

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Which draft vocabulary size to convert a head with: acceptance against draft cost.
+
+The shipped head is converted once per size (cached); each draft drives a fixed tree, so that it
+drafts every round and its cost shows, over MT-bench first turns, greedy, interleaved with plain
+decoding. The size with the best tokens/s is the converter's default (constants.DEFAULT_DRAFT_VOCAB).
+
+    .venv/bin/python benchmarks/draft_vocab.py [--sizes 512,1024,2048,4096,8192,0] [-N 8] [-n 96]
+
+Prints a markdown table and writes JSON (default bench-out/draft_vocab.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from eagle_llamacpp import heads, models
+from eagle_llamacpp.bench import pick_questions, plain_greedy
+from eagle_llamacpp.engine import EagleLlama, Sampling
+from eagle_llamacpp.features import ChatRenderer
+from eagle_llamacpp.stats import SpecStats
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="512,1024,2048,4096,8192,0", help="draft vocabulary sizes (0: the whole one)")
+    p.add_argument("--tree", default="6,4,2", help="TOTAL,DEPTH,TOP_K of the fixed tree")
+    p.add_argument("-N", "--n-prompts", type=int, default=8)
+    p.add_argument("-n", "--n-predict", type=int, default=96)
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("-o", "--out", default="bench-out/draft_vocab.json")
+    args = p.parse_args()
+
+    target = models.fetch(models.QWEN25_CODER_05B)
+    head = heads.shipped_head(models.QWEN25_CODER_05B)
+    tree = tuple(int(v) for v in args.tree.split(","))
+    sizes = [int(v) for v in args.sizes.split(",")]
+    engines = {n: EagleLlama(target, heads.draft_gguf(head, target, n), n_threads=args.threads, tree=tree)
+               for n in sizes}
+    first = engines[sizes[0]]
+    renderer = ChatRenderer(first.target)
+    prompts = [renderer.prompt_tokens([{"role": "user", "content": q.turns[0]}])
+               for q in pick_questions(args.n_prompts)]
+    plain = {"tokens": 0, "s": 0.0}
+    rows = {n: {"tokens": 0, "s": 0.0, "stats": SpecStats(), "same": 0} for n in sizes}
+    for prompt in prompts:
+        want, plain_s = plain_greedy(first, prompt, args.n_predict)
+        plain["tokens"] += len(want)
+        plain["s"] += plain_s
+        for n, llm in engines.items():
+            row = rows[n]
+            prompt_s = row["stats"].prompt_s
+            t0 = time.perf_counter()
+            got = list(llm.generate(prompt, args.n_predict, Sampling(temperature=0.0), row["stats"]))
+            row["s"] += time.perf_counter() - t0 - (row["stats"].prompt_s - prompt_s)
+            row["tokens"] += len(got)
+            row["same"] += got == want
+    for llm in engines.values():
+        llm.close()
+
+    plain_tps = plain["tokens"] / plain["s"]
+    out = {"target": target.name, "tree": tree, "n_prompts": len(prompts), "plain_tokens_per_s": plain_tps,
+           "sizes": {}}
+    print(f"| draft vocabulary | tokens/s | x plain | acceptance length | draft ms per round | "
+          f"same as plain (of {len(prompts)}) |\n|---|---|---|---|---|---|")
+    for n, row in rows.items():
+        st = row["stats"]
+        tps = row["tokens"] / row["s"]
+        out["sizes"][n] = {"tokens_per_s": tps, "speedup_vs_plain": tps / plain_tps,
+                           "acceptance_length": st.mean_acceptance_length,
+                           "draft_ms_per_round": st.draft_s * 1e3 / st.rounds, "same_as_plain": row["same"]}
+        print(f"| {n or 'whole (151,936)'} | {tps:.2f} | {tps / plain_tps:.2f} | {st.mean_acceptance_length:.2f} | "
+              f"{st.draft_s * 1e3 / st.rounds:.2f} | {row['same']} |")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
