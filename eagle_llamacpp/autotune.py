@@ -89,6 +89,18 @@ class AutoPolicy:
         self.skip = 0           # rounds left without a draft
         self.last_expected = 0.0
 
+    def _update_verify_cost(self, n_tokens: int, ms: float) -> None:
+        """Running average per measured size, kept non-decreasing in the size."""
+        if n_tokens not in self.verify_ms:
+            return
+        self.verify_ms[n_tokens] = 0.95 * self.verify_ms[n_tokens] + 0.05 * ms
+        sizes = list(self.verify_ms)
+        i = sizes.index(n_tokens)
+        for n in sizes[:i]:  # a smaller verify costs no more
+            self.verify_ms[n] = min(self.verify_ms[n], self.verify_ms[n_tokens])
+        for n in sizes[i + 1:]:  # a bigger one no less
+            self.verify_ms[n] = max(self.verify_ms[n], self.verify_ms[n_tokens])
+
     def verify_cost(self, n_tokens: int) -> float:
         """ms of verifying n_tokens, interpolated between the measured sizes."""
         return float(np.interp(n_tokens, list(self.verify_ms), list(self.verify_ms.values())))
@@ -128,8 +140,13 @@ class AutoPolicy:
         _, rate_bound, _ = self._best(bound, extra_ms=self.decode_ms)
         return rate_bound > rate_now
 
-    def observe(self, n_drafted: int, n_accepted: int, draft_ms: float, n_decodes: int) -> None:
-        """After a round: n_decodes = 0 when the draft was skipped."""
+    def observe(self, n_drafted: int, n_accepted: int, draft_ms: float, n_decodes: int,
+                verify_ms: float | None = None) -> None:
+        """After a round: n_decodes = 0 when the draft was skipped; verify_ms, what this round's
+        verify took, corrects the table (a cached table can be off: measured on a busier or quieter
+        machine, or before the model's pages were warm)."""
+        if verify_ms is not None:
+            self._update_verify_cost(n_drafted + 1, verify_ms)
         if n_decodes == 0:
             return
         if n_drafted > 0 and self.last_expected > 0:

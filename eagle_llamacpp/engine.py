@@ -147,7 +147,8 @@ class EagleLlama(CompletionMixin):
             accepted = [int(t) for t in tree.tokens[path[1:]]]
             stats.add_round(int(tree.depths.max()), tree.n - 1, len(accepted), self.proposer.last_decodes,
                             t_draft.total, t_verify.total)
-            self.policy.observe(tree.n - 1, len(accepted), t_draft.total * 1e3, self.proposer.last_decodes)
+            self.policy.observe(tree.n - 1, len(accepted), t_draft.total * 1e3, self.proposer.last_decodes,
+                                t_verify.total * 1e3)
             # queued for the next draft: no decode here
             self.proposer.commit(accepted + [bonus], feats)
             n_past += len(path)

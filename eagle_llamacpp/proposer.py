@@ -54,7 +54,8 @@ class FixedPolicy:
     def choose(self, builder: TreeBuilder) -> int:
         return self.shape.total_tokens - 1
 
-    def observe(self, n_drafted: int, n_accepted: int, draft_ms: float, n_decodes: int) -> None:
+    def observe(self, n_drafted: int, n_accepted: int, draft_ms: float, n_decodes: int,
+                verify_ms: float | None = None) -> None:
         pass
 
 
