@@ -75,14 +75,12 @@ def cmd_train(args) -> int:
     finally:
         target.close()
     manifest = json.loads((out / "features" / "manifest.json").read_text())
-    print(f"features: {manifest['n_tokens']} tokens, {manifest['n_tokens'] / max(manifest['seconds'], 1e-9):.1f} "
-          "tokens/s", file=sys.stderr)
-    head_dir = train.train(target_path, shards, out, cfg, n_threads=args.threads)
+    extraction = {"tokens": manifest["n_tokens"], "seconds": round(manifest["seconds"], 1),
+                  "tokens_per_s": round(manifest["n_tokens"] / max(manifest["seconds"], 1e-9), 1)}
+    print(f"features: {extraction['tokens']} tokens, {extraction['tokens_per_s']} tokens/s", file=sys.stderr)
+    head_dir = train.train(target_path, shards, out, cfg, n_threads=args.threads, card_extra={"features": extraction})
     gguf_path = convert(head_dir, out / "eagle2-f16.gguf", target=target_path, outtype="f16", force=True)
     card = json.loads((head_dir / "training.json").read_text())
-    card["features"] = {"tokens": manifest["n_tokens"], "seconds": round(manifest["seconds"], 1),
-                        "tokens_per_s": round(manifest["n_tokens"] / max(manifest["seconds"], 1e-9), 1)}
-    (head_dir / "training.json").write_text(json.dumps(card, indent=2) + "\n")
     print(f"training: {card['tokens_per_s']} tokens/s", file=sys.stderr)
     print(f"head: {head_dir} (HF layout), draft GGUF: {gguf_path}", file=sys.stderr)
     print(f"held-out: {card['eval']}", file=sys.stderr)

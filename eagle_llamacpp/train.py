@@ -102,9 +102,11 @@ def head_losses(net, batch, lm_head_t, noise: float, p_weight: float):
 
 
 def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainConfig, *,
-          n_threads: int | None = None, progress: bool = True, stop_after: int | None = None) -> Path | None:
+          n_threads: int | None = None, progress: bool = True, stop_after: int | None = None,
+          card_extra: dict | None = None) -> Path | None:
     """Trains (resuming from out_dir/train_state.pt if there) and writes out_dir/head in HF layout.
-    stop_after=N stops after step N as an interruption would (returns None; run again to resume)."""
+    stop_after=N stops after step N as an interruption would (returns None; run again to resume).
+    card_extra: more entries for training.json (e.g. how the features were extracted)."""
     import torch
     from tqdm import tqdm
 
@@ -189,7 +191,7 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
             "device": device, "config": asdict(cfg),
             "final_train": dict(zip(("vloss", "ploss", "top1"), np.mean(history[-50:], axis=0).round(4).tolist()))
             if history else None,
-            "eval_before": eval_before, "eval": metrics}
+            "eval_before": eval_before, "eval": metrics, **(card_extra or {})}
     (head_dir / "training.json").write_text(json.dumps(card, indent=2) + "\n")
     return head_dir
 

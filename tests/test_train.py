@@ -130,10 +130,13 @@ def test_torch_head_is_the_head_llamacpp_runs(chat_target, tmp_path):
 
 def test_training_learns_and_resumes_exactly(chat_target, shards, tmp_path):
     cfg = TrainConfig(epochs=3, batch_size=4, lr=2e-3, warmup_steps=2, draft_vocab=64, save_every=1000)
-    head = train(chat_target, shards, tmp_path / "a", cfg, n_threads=1, progress=False)
+    extraction = {"tokens": 1234, "seconds": 5.0, "tokens_per_s": 246.8}
+    head = train(chat_target, shards, tmp_path / "a", cfg, n_threads=1, progress=False,
+                 card_extra={"features": extraction})
     card = json.loads((head / "training.json").read_text())
     assert card["eval"]["vloss"] < 0.8 * card["eval_before"]["vloss"]
     assert card["steps"] > 3
+    assert card["features"] == extraction and card["tokens_per_s"] > 0
     assert sorted(p.name for p in head.iterdir()) == ["config.json", "draft_vocab.json", "model.safetensors",
                                                       "training.json"]
 
