@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from eagle_llamacpp import heads, models
 from eagle_llamacpp.bench import pick_questions, plain_greedy
 from eagle_llamacpp.engine import EagleLlama, Sampling
-from eagle_llamacpp.features import ChatRenderer
+from eagle_llamacpp.chat import ChatRenderer
 from eagle_llamacpp.stats import SpecStats
 
 

@@ -280,7 +280,7 @@ def run_bench(target: Path, drafts: dict[str, Path], *, n_prompts: int, max_toke
     from tqdm import tqdm
 
     from .autotune import measure_verify_ms
-    from .features import ChatRenderer
+    from .chat import ChatRenderer
 
     out_dir.mkdir(parents=True, exist_ok=True)
     first = next(iter(drafts.values()))

@@ -14,7 +14,7 @@ def cmd_demo(args) -> int:
     from . import heads, models
     from .bench import plain_greedy, top2_gap
     from .engine import EagleLlama, Sampling
-    from .features import ChatRenderer
+    from .chat import ChatRenderer
     from .stats import SpecStats
 
     target_path = models.fetch(models.QWEN25_CODER_05B)
@@ -50,35 +50,59 @@ def cmd_demo(args) -> int:
 
 
 EXTRACT_BATCH = 1024  # tokens per feature-extraction decode
-EXTRACT_SEQS = 16     # conversations per feature-extraction decode, at most
+EXTRACT_SEQS = 16     # conversations per feature-extraction decode, at most; replies per self-distill decode
+
+
+def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path], dict]:
+    """ShareGPT features (its own replies), or the target's own replies with --self-distill; resumes
+    from feature_dir. Returns the shards and how they were made (for the card)."""
+    from . import data
+    from .draft import TargetModel
+    from .training import distill, features
+
+    n_batch = max(EXTRACT_BATCH, args.max_len)
+    # self-distill keeps every slot in the KV cache, each in its own stream (attention reads only
+    # its own slot's cells); extraction packs a batch of conversations into one stream
+    n_ctx = EXTRACT_SEQS * args.max_len if args.self_distill else n_batch
+    target = TargetModel(target_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=args.threads or 2,
+                         n_seq_max=EXTRACT_SEQS, kv_unified=not args.self_distill)
+    try:
+        convs = data.training_conversations()
+        what = "self-distilled replies" if args.self_distill else "ShareGPT features"
+        print(f"{len(convs)} ShareGPT conversations (MT-bench questions excluded); "
+              f"up to {args.tokens} tokens of {what}", file=sys.stderr)
+        if args.self_distill:
+            shards = distill.generate(target, convs, feature_dir, max_tokens=args.max_len, token_budget=args.tokens,
+                                      temperature=args.distill_temp, seed=args.seed)
+        else:
+            shards = features.extract(target, convs, feature_dir, max_tokens=args.max_len, token_budget=args.tokens)
+    finally:
+        target.close()
+    manifest = json.loads((feature_dir / "manifest.json").read_text())
+    made = {"data": ("self-distilled: the target's replies to ShareGPT first turns, temperature "
+                     f"{args.distill_temp}") if args.self_distill else "ShareGPT replies",
+            "tokens": manifest["n_tokens"], "seconds": round(manifest["seconds"], 1),
+            "tokens_per_s": round(manifest["n_tokens"] / max(manifest["seconds"], 1e-9), 1)}
+    if args.self_distill:
+        made["generated_tokens_per_s"] = round(manifest["generated"] / max(manifest["seconds"], 1e-9), 1)
+    print(f"features: {made['tokens']} tokens, {made['tokens_per_s']} tokens/s", file=sys.stderr)
+    return shards, made
 
 
 def cmd_train(args) -> int:
-    """Features from the patched llama.cpp over ShareGPT, then a head in HF layout, then its GGUF."""
-    from . import data, features, train
+    """Features from the patched llama.cpp (ShareGPT or self-distilled), then a head in HF layout,
+    then its GGUF. Every stage resumes from what an interrupted run left in --out."""
     from .convert import convert
-    from .draft import TargetModel
+    from .training import train
 
     out = Path(args.out)
     target_path = Path(args.target)
     cfg = train.TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, p_weight=args.p_weight,
-                            noise=args.noise, draft_vocab=args.draft_vocab, seed=args.seed)
-    # conversations are packed into big batches, one sequence each (features.extract)
-    n_batch = max(EXTRACT_BATCH, args.max_len)
-    target = TargetModel(target_path, n_ctx=n_batch, n_batch=n_batch, n_threads=args.threads or 2,
-                         n_seq_max=EXTRACT_SEQS)
-    try:
-        convs = data.training_conversations()
-        print(f"{len(convs)} ShareGPT conversations (MT-bench questions excluded); "
-              f"extracting up to {args.tokens} tokens of features", file=sys.stderr)
-        shards = features.extract(target, convs, out / "features", max_tokens=args.max_len, token_budget=args.tokens)
-    finally:
-        target.close()
-    manifest = json.loads((out / "features" / "manifest.json").read_text())
-    extraction = {"tokens": manifest["n_tokens"], "seconds": round(manifest["seconds"], 1),
-                  "tokens_per_s": round(manifest["n_tokens"] / max(manifest["seconds"], 1e-9), 1)}
-    print(f"features: {extraction['tokens']} tokens, {extraction['tokens_per_s']} tokens/s", file=sys.stderr)
-    head_dir = train.train(target_path, shards, out, cfg, n_threads=args.threads, card_extra={"features": extraction})
+                            noise=args.noise, draft_vocab=args.draft_vocab, seed=args.seed, steps=args.steps,
+                            step_decay=args.step_decay, init_from_target=args.init_from_target)
+    feature_dir = Path(args.features) if args.features else out / ("distill" if args.self_distill else "features")
+    shards, made = make_features(args, target_path, feature_dir)
+    head_dir = train.train(target_path, shards, out, cfg, n_threads=args.threads, card_extra={"features": made})
     gguf_path = convert(head_dir, out / "eagle2-f16.gguf", target=target_path, outtype="f16", force=True)
     card = json.loads((head_dir / "training.json").read_text())
     print(f"training: {card['tokens_per_s']} tokens/s", file=sys.stderr)
@@ -90,7 +114,12 @@ def cmd_train(args) -> int:
 def add_train_args(t) -> None:
     t.add_argument("--target", "-m", required=True, help="target model GGUF (llama or qwen2 family)")
     t.add_argument("--out", "-o", required=True, help="work folder: features, resumable checkpoints, head/")
-    t.add_argument("--tokens", type=int, default=100_000, help="tokens of ShareGPT features to extract")
+    t.add_argument("--features", help="feature folder (default: OUT/features, or OUT/distill with --self-distill); "
+                                      "several heads can train on one")
+    t.add_argument("--tokens", type=int, default=100_000, help="tokens of features (prompts and replies) to make")
+    t.add_argument("--self-distill", action="store_true",
+                   help="train on the target's own replies to ShareGPT prompts (16 generated per decode)")
+    t.add_argument("--distill-temp", type=float, default=0.0, help="sampling temperature of those replies (0: greedy)")
     t.add_argument("--max-len", type=int, default=384, help="tokens per conversation (longer ones are cut)")
     t.add_argument("--epochs", type=int, default=4)
     t.add_argument("--batch-size", type=int, default=8)
@@ -98,6 +127,12 @@ def add_train_args(t) -> None:
     t.add_argument("--p-weight", type=float, default=0.1,
                    help="weight of the token loss (soft cross-entropy) next to the feature loss")
     t.add_argument("--noise", type=float, default=0.1, help="U(-noise, noise) on input features")
+    t.add_argument("--steps", type=int, default=1,
+                   help="chained prediction steps trained (training-time test): >1 also trains steps 2..N "
+                        "on the head's own features")
+    t.add_argument("--step-decay", type=float, default=0.8, help="loss weight of step s: DECAY^(s-1)")
+    t.add_argument("--init-from-target", action="store_true",
+                   help="start the head's decoder layer as a copy of the target's last layer")
     t.add_argument("--draft-vocab", type=int, default=16384,
                    help="most frequent target tokens the cross-entropy (and a restricted lm_head) covers")
     t.add_argument("--seed", type=int, default=0)

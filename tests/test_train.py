@@ -8,13 +8,14 @@ import pytest
 
 from eagle_llamacpp.convert import convert
 from eagle_llamacpp.draft import EagleDraft, TargetModel
-from eagle_llamacpp.features import ChatRenderer, FeatureShard, extract
+from eagle_llamacpp.chat import ChatRenderer
+from eagle_llamacpp.training.features import FeatureShard, extract
 from tiny_models import write_target
 
 torch = pytest.importorskip("torch")
 
-from eagle_llamacpp.head_model import EagleHeadNet, HeadConfig  # noqa: E402
-from eagle_llamacpp.train import TrainConfig, target_tensors, train  # noqa: E402
+from eagle_llamacpp.training.head_model import EagleHeadNet, HeadConfig  # noqa: E402
+from eagle_llamacpp.training.train import TrainConfig, target_tensors, train  # noqa: E402
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}assistant:{% endif %}")
@@ -67,7 +68,7 @@ def packing_target(chat_target):
 
 
 def test_extraction_resumes_where_it_stopped(chat_target, shards, tmp_path, monkeypatch):
-    from eagle_llamacpp import features
+    from eagle_llamacpp.training import features
 
     batch_sizes = []
     packed_features = features.packed_features
@@ -179,3 +180,132 @@ def test_restricted_draft_vocab_keeps_greedy_output(chat_target, trained_draft, 
             plain, _ = plain_greedy(llm, prompt, 40)
         llm.close()
     assert outs[0] == outs[1] == plain
+
+
+def distill_target(chat_target):
+    """Four reply slots, each in its own KV stream, as `train --self-distill` runs them."""
+    return TargetModel(chat_target, n_ctx=4 * 96, n_batch=128, n_seq_max=4, n_threads=1, kv_unified=False)
+
+
+@pytest.fixture(scope="module")
+def distilled(chat_target, tmp_path_factory):
+    from eagle_llamacpp.training.distill import generate
+
+    t = distill_target(chat_target)
+    out = tmp_path_factory.mktemp("distill")
+    paths = generate(t, conversations(24), out, max_tokens=96, token_budget=10_000, shard_tokens=150, progress=False)
+    t.close()
+    return paths
+
+
+def greedy_continuation(t, prompt, n_tokens):
+    """Plain greedy decoding, one sequence: the tokens and the last token's feature."""
+    from eagle_llamacpp import _native as nat
+
+    nat.clear_memory(t.ctx)
+    out = list(prompt)
+    t.decode(np.asarray(out), np.arange(len(out)))
+    last = len(out) - 1
+    while len(out) < n_tokens:
+        out.append(int(np.argmax(t.logits(last))))
+        t.decode(np.asarray(out[-1:]), np.asarray([len(out) - 1]))
+        last = 0
+    return out, t.feature(last)
+
+
+def test_self_distilled_replies_are_the_targets_greedy_replies(chat_target, distilled):
+    t = TargetModel(chat_target, n_ctx=256, n_threads=1)
+    prompts = [tuple(ChatRenderer(t).prompt_tokens(c[:1])) for c in conversations(24)]
+    seqs = [seq for p in distilled for seq in FeatureShard.load(p).sequences()]
+    assert len(seqs) == 24 and len(distilled) > 1
+    for tokens, feats, mask in seqs:
+        n_prompt = int(np.argmax(mask))
+        assert tuple(tokens[:n_prompt]) in prompts and mask[n_prompt:].all() and len(tokens) > n_prompt
+        # the reply is what the target alone writes greedily from that prompt, and the features are
+        # the target's hidden states (checked on the last token, decoded after all the others)
+        ref_tokens, ref_feat = greedy_continuation(t, tokens[:n_prompt], len(tokens))
+        assert ref_tokens == list(tokens)
+        assert np.abs(ref_feat - feats[-1].astype(np.float32)).max() <= 2e-3 * np.abs(ref_feat).max()
+    t.close()
+
+
+def test_self_distillation_resumes_with_the_same_replies(chat_target, distilled, tmp_path):
+    from eagle_llamacpp.training.distill import generate
+
+    t = distill_target(chat_target)
+    first = generate(t, conversations(24), tmp_path, max_tokens=96, token_budget=200, shard_tokens=150,
+                     progress=False)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert 200 <= manifest["n_tokens"] < 10_000 and manifest["in_flight"]
+    resumed = generate(t, conversations(24), tmp_path, max_tokens=96, token_budget=10_000, shard_tokens=150,
+                       progress=False)
+    t.close()
+    assert resumed[:len(first)] == first
+
+    def replies(paths):
+        return sorted(tuple(s[0]) for p in paths for s in FeatureShard.load(p).sequences())
+
+    # every conversation exactly once, and the same reply as an uninterrupted run
+    assert replies(resumed) == replies(distilled)
+
+
+def test_multi_step_training_on_self_distilled_features(chat_target, distilled, tmp_path):
+    cfg = TrainConfig(epochs=3, batch_size=4, lr=2e-3, warmup_steps=2, draft_vocab=64, steps=3, save_every=1000)
+    head = train(chat_target, distilled, tmp_path / "a", cfg, n_threads=1, progress=False)
+    card = json.loads((head / "training.json").read_text())
+    assert card["config"]["steps"] == 3
+    assert card["eval"]["vloss"] < 0.8 * card["eval_before"]["vloss"]
+    # held-out top-1 at each chained step, the first being eval.top1
+    assert len(card["eval"]["top1_per_step"]) == 3 and card["eval"]["top1_per_step"][0] == card["eval"]["top1"]
+    # interrupted and resumed, multi-step training ends with the same weights
+    assert train(chat_target, distilled, tmp_path / "b", cfg, n_threads=1, progress=False, stop_after=2) is None
+    resumed = train(chat_target, distilled, tmp_path / "b", cfg, n_threads=1, progress=False)
+    from safetensors.numpy import load_file
+    a, b = load_file(str(head / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_multi_step_training_lowers_the_later_steps_loss(chat_target, distilled, tmp_path):
+    """Training steps 2..3 on the head's own features: those steps' held-out feature loss falls
+    below a head trained on step 1 alone (same data, seed, epochs)."""
+    cards = []
+    for steps in (1, 3):
+        cfg = TrainConfig(epochs=4, batch_size=4, lr=2e-3, warmup_steps=2, draft_vocab=64, steps=steps, seed=1)
+        head = train(chat_target, distilled, tmp_path / f"s{steps}", cfg, n_threads=1, progress=False)
+        cards.append(json.loads((head / "training.json").read_text())["eval"])
+    assert "vloss_per_step" in cards[1]
+    assert cards[1]["vloss_per_step"][2] < cards[0]["vloss_per_step"][2]
+
+
+def test_multi_step_head_is_the_chain_llamacpp_drafts(chat_target, tmp_path):
+    """Step s of the training-time test computes what the eagle2 graph computes for a depth-s
+    draft node: the committed prefix with the target's features, then nodes fed the head's own."""
+    cfg = HeadConfig.from_target(chat_target)
+    torch.manual_seed(1)
+    net = EagleHeadNet(cfg)
+    with torch.no_grad():
+        for p in net.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    draft_path = convert(net.save_hf(tmp_path / "head"), tmp_path / "d.gguf", target=chat_target, outtype="f32")
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(3, 300, 12).astype(np.int32)
+    feats = rng.standard_normal((12, cfg.hidden_size)).astype(np.float32)
+    emb, _ = target_tensors(chat_target)
+    with torch.no_grad():
+        preds = [p[0].numpy() for p in net.forward_steps(torch.from_numpy(emb[tokens])[None],
+                                                          torch.from_numpy(feats)[None], 3)]
+    t = TargetModel(chat_target, n_ctx=256, n_threads=1)
+    d = EagleDraft(draft_path, t, n_ctx=256, n_threads=1)
+    for j in (0, 4, 8):
+        d.clear()
+        _, hidden = d.run(tokens[:j + 1], feats[:j + 1], np.arange(j + 1))
+        own = hidden[j]
+        for s in (1, 2):  # the chain's next nodes, each fed the node before's prediction
+            _, h = d.run(tokens[j + s:j + s + 1], own[None], np.asarray([j + s]))
+            own = h[0]
+            ref = preds[s][j]
+            assert np.abs(own - ref).max() <= 1e-2 * np.abs(ref).max()
+        assert np.abs(hidden[j] - preds[0][j]).max() <= 1e-2 * np.abs(preds[0][j]).max()
+    d.close()
+    t.close()

@@ -70,16 +70,39 @@ class _Attention(nn.Module):
         rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
         return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def qkv(self, x: torch.Tensor, pos: torch.Tensor):
+        """q, k, v as [b, heads, t, head_dim] at positions pos, rotated, k/v repeated to the q heads."""
         b, t, _ = x.shape
-        pos = torch.arange(t, device=x.device)
         q = self.q_proj(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.n_head_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_head_kv, self.head_dim).transpose(1, 2)
         q, k = self._rope(q, pos), self._rope(k, pos)
         rep = self.n_head // self.n_head_kv
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_step(x, [])
+
+    def forward_step(self, x: torch.Tensor, kv: list) -> torch.Tensor:
+        """Step len(kv)+1 of a training-time test: kv holds the (k, v) of the earlier steps. Step 1 is
+        causal self-attention at positions 0..t-1. At step s > 1, index j sits at position j+s-1 and
+        attends to step 1's keys at indices <= j (the committed prefix and the depth-1 node) and to
+        its own index's keys of steps 2..s: a depth-s draft node and its ancestors. Appends this
+        step's (k, v) to kv."""
+        b, t, _ = x.shape
+        step = len(kv)
+        q, k, v = self.qkv(x, torch.arange(t, device=x.device) + step)
+        kv.append((k, v))
+        if step == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scale = self.head_dim ** -0.5
+            k0, v0 = kv[0]
+            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            prefix = (q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))
+            own = torch.stack([(q * ki).sum(-1) * scale for ki, _ in kv[1:]], -1)
+            w = torch.cat([prefix, own], -1).softmax(-1)
+            y = w[..., :t] @ v0 + sum(w[..., t + i, None] * vi for i, (_, vi) in enumerate(kv[1:]))
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -113,8 +136,8 @@ class _Layer(nn.Module):
         self.post_attention_layernorm = _RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = _MLP(c)
 
-    def forward(self, x):
-        x = x + self.self_attn(x)
+    def forward(self, x, kv: list | None = None):
+        x = x + (self.self_attn(x) if kv is None else self.self_attn.forward_step(x, kv))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -129,6 +152,35 @@ class EagleHeadNet(nn.Module):
 
     def forward(self, tok_emb: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
         return self.layers[0](self.fc(torch.cat([tok_emb, feats], -1)))
+
+    def forward_steps(self, tok_emb: torch.Tensor, feats: torch.Tensor, n_steps: int) -> list[torch.Tensor]:
+        """Predictions of n_steps chained steps (EAGLE-3's training-time test, HASS): step 1 is
+        forward(); step s reads step s-1's predicted features with the tokens s-1 further on
+        (zero past the end), so index j of step s predicts f[j+s]. Tree levels 2 and deeper
+        draft from the head's own features, and this trains them on exactly that."""
+        kv: list = []
+        preds = []
+        x = feats
+        for s in range(n_steps):
+            tok = tok_emb if s == 0 else F.pad(tok_emb[:, s:], (0, 0, 0, s))
+            x = self.layers[0](self.fc(torch.cat([tok, x], -1)), kv)
+            preds.append(x)
+        return preds
+
+    def init_from_target_layer(self, tensors: dict[str, np.ndarray]) -> None:
+        """Copies a target decoder layer (GGUF names without the blk.N. prefix, float32 [out, in])
+        into the head's layer; fc keeps its own initialisation."""
+        names = {"attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+                 "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+                 "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+                 "attn_v.bias": "self_attn.v_proj.bias", "ffn_norm.weight": "post_attention_layernorm.weight",
+                 "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+                 "ffn_down.weight": "mlp.down_proj.weight"}
+        params = dict(self.layers[0].named_parameters())
+        with torch.no_grad():
+            for gguf_name, name in names.items():
+                if name in params and gguf_name in tensors:
+                    params[name].copy_(torch.from_numpy(tensors[gguf_name]).reshape(params[name].shape))
 
     def save_hf(self, folder: Path) -> Path:
         """config.json + model.safetensors (float16) in the official EAGLE-1/2 layout."""

@@ -5,6 +5,11 @@ against the target's own distribution; uniform noise on input features; AdamW, b
 element-wise gradient clipping at 0.5. The cross-entropy runs over the draft vocabulary (the most
 frequent target tokens of the training data), which is also what the draft may restrict its
 lm_head to at run time.
+
+Multi-step training (`steps` > 1, EAGLE-3's training-time test / HASS): the head also predicts
+steps 2..k from its own predicted features (head_model.EagleHeadNet.forward_steps), as tree levels
+2 and deeper draft at run time; step s's loss weighs step_decay^(s-1). Held-out top-1 is reported
+per step whatever `steps` trained.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .constants import DRAFT_VOCAB_FILE
-from .features import FeatureShard
+from ..constants import DRAFT_VOCAB_FILE
+from .shards import ShardStream
+
+EVAL_STEPS = 3  # held-out top-1 is reported for steps 1..EVAL_STEPS (at least)
 
 
 @dataclass
@@ -35,78 +42,83 @@ class TrainConfig:
     eval_fraction: float = 0.05
     seed: int = 0
     save_every: int = 50      # steps between resumable checkpoints
+    steps: int = 1            # chained prediction steps trained (1: EAGLE-1/2's teacher-forced loss)
+    step_decay: float = 0.8   # loss weight of step s is step_decay ** (s - 1)
+    init_from_target: bool = False  # the head's layer starts as a copy of the target's last layer
 
 
 def target_tensors(target_gguf: Path) -> tuple[np.ndarray, np.ndarray]:
     """The target's token embeddings and lm_head as float32 (lm_head = embeddings when tied)."""
-    from .gguf_tensors import dequantize, lm_head
+    from ..gguf_tensors import dequantize, lm_head
 
     return dequantize(target_gguf, "token_embd.weight"), lm_head(target_gguf)
 
 
-def count_draft_vocab(shards: list[FeatureShard], n_vocab: int, size: int) -> np.ndarray:
+def target_last_layer(target_gguf: Path) -> dict[str, np.ndarray]:
+    """The target's last decoder layer as float32, by GGUF name without its blk.N. prefix."""
+    import gguf
+
+    from ..gguf_tensors import dequantize
+
+    reader = gguf.GGUFReader(target_gguf)
+    arch = reader.fields["general.architecture"].contents()
+    prefix = f"blk.{int(reader.fields[f'{arch}.block_count'].contents()) - 1}."
+    return {t.name[len(prefix):]: dequantize(target_gguf, t.name) for t in reader.tensors if t.name.startswith(prefix)}
+
+
+def count_draft_vocab(stream: ShardStream, n_vocab: int, size: int) -> np.ndarray:
     """Token ids by how often the target produced them in assistant replies, most frequent first."""
     counts = np.zeros(n_vocab, np.int64)
-    for s in shards:
-        np.add.at(counts, s.tokens[s.mask.astype(bool)], 1)
+    for tokens, mask in stream.tokens_and_masks():
+        np.add.at(counts, tokens[mask.astype(bool)], 1)
     order = np.argsort(-counts, kind="stable")
     return order[:min(size, n_vocab)].astype(np.int32)
 
 
-class _Batches:
-    """Sequences of all shards as (x[j+1], f[j], f[j+1], mask[j+1]) training pairs."""
+def _shift(x, s: int):
+    """x moved s positions left along time (dim 1), zero-filled at the end."""
+    import torch.nn.functional as F
 
-    def __init__(self, shards: list[FeatureShard]):
-        self.seqs = [seq for s in shards for seq in s.sequences() if len(seq[0]) > 2]
-
-    def split(self, fraction: float, seed: int):
-        idx = np.random.default_rng(seed).permutation(len(self.seqs))
-        n_eval = max(1, int(len(idx) * fraction))
-        return idx[n_eval:], idx[:n_eval]
-
-    def batch(self, idx, emb: np.ndarray):
-        import torch
-
-        seqs = [self.seqs[i] for i in idx]
-        t = max(len(s[0]) for s in seqs) - 1
-        b, h = len(seqs), emb.shape[1]
-        tok = np.zeros((b, t), np.int64)
-        f_in = np.zeros((b, t, h), np.float32)
-        f_out = np.zeros((b, t, h), np.float32)
-        mask = np.zeros((b, t), np.float32)
-        for r, (tokens, feats, m) in enumerate(seqs):
-            n = len(tokens) - 1
-            tok[r, :n], f_in[r, :n], f_out[r, :n], mask[r, :n] = tokens[1:], feats[:-1], feats[1:], m[1:]
-        return (torch.from_numpy(emb[tok]), torch.from_numpy(f_in), torch.from_numpy(f_out),
-                torch.from_numpy(mask))
+    if s == 0:
+        return x
+    pad = (0, 0) * (x.dim() - 2) + (0, s)
+    return F.pad(x[:, s:], pad)
 
 
-def head_losses(net, batch, lm_head_t, noise: float, p_weight: float):
-    """(loss, vloss, ploss, top-1 accuracy), all averaged over masked positions."""
+def head_losses(net, batch, lm_head_t, noise: float, p_weight: float, n_steps: int = 1, step_decay: float = 1.0):
+    """(loss, per-step [vloss, ploss, top-1 accuracy] averaged over masked positions). Step s predicts
+    f[j+s] from the step before's prediction; loss = sum over steps of step_decay^(s-1) x (vloss +
+    p_weight x ploss)."""
     import torch
     import torch.nn.functional as F
 
     tok_emb, f_in, f_out, mask = batch
     if noise > 0:
         f_in = f_in + (torch.rand_like(f_in) * 2 - 1) * noise
-    pred = net(tok_emb, f_in)
-    n = mask.sum().clamp(min=1)
-    vloss = (F.smooth_l1_loss(pred, f_out, reduction="none").mean(-1) * mask).sum() / n
-    with torch.no_grad():
-        target_logits = f_out @ lm_head_t
-        target_p = target_logits.softmax(-1)
-    pred_logits = pred @ lm_head_t
-    ploss = (-(target_p * pred_logits.log_softmax(-1)).sum(-1) * mask).sum() / n
-    acc = ((pred_logits.argmax(-1) == target_logits.argmax(-1)).float() * mask).sum() / n
-    return vloss + p_weight * ploss, vloss, ploss, acc
+    preds = net.forward_steps(tok_emb, f_in, n_steps)
+    loss, per_step = 0.0, []
+    for s, pred in enumerate(preds):
+        target, m = _shift(f_out, s), _shift(mask, s)
+        n = m.sum().clamp(min=1)
+        vloss = (F.smooth_l1_loss(pred, target, reduction="none").mean(-1) * m).sum() / n
+        with torch.no_grad():
+            target_logits = target @ lm_head_t
+            target_p = target_logits.softmax(-1)
+        pred_logits = pred @ lm_head_t
+        ploss = (-(target_p * pred_logits.log_softmax(-1)).sum(-1) * m).sum() / n
+        acc = ((pred_logits.argmax(-1) == target_logits.argmax(-1)).float() * m).sum() / n
+        loss = loss + step_decay ** s * (vloss + p_weight * ploss)
+        per_step.append((vloss, ploss, acc, m.sum()))
+    return loss, per_step
 
 
 def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainConfig, *,
           n_threads: int | None = None, progress: bool = True, stop_after: int | None = None,
           card_extra: dict | None = None) -> Path | None:
     """Trains (resuming from out_dir/train_state.pt if there) and writes out_dir/head in HF layout.
-    stop_after=N stops after step N as an interruption would (returns None; run again to resume).
-    card_extra: more entries for training.json (e.g. how the features were extracted)."""
+    Shards are streamed from disk (shards.ShardStream). stop_after=N stops after step N as an
+    interruption would (returns None; run again to resume). card_extra: more entries for
+    training.json (e.g. how the features were made)."""
     import torch
     from tqdm import tqdm
 
@@ -116,24 +128,27 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
         torch.set_num_threads(n_threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(cfg.seed)
-    shards = [FeatureShard.load(p) for p in shard_paths]
+    data = ShardStream(shard_paths)
     hcfg = HeadConfig.from_target(target_gguf)
     emb, lm_head = target_tensors(target_gguf)
-    draft_vocab = count_draft_vocab(shards, hcfg.vocab_size, cfg.draft_vocab)
+    draft_vocab = count_draft_vocab(data, hcfg.vocab_size, cfg.draft_vocab)
     lm_head_t = torch.from_numpy(np.ascontiguousarray(lm_head[draft_vocab].T)).to(device)
     del lm_head
 
-    data = _Batches(shards)
     train_idx, eval_idx = data.split(cfg.eval_fraction, cfg.seed)
     steps_per_epoch = math.ceil(len(train_idx) / cfg.batch_size)
     total_steps = steps_per_epoch * cfg.epochs
 
-    net = EagleHeadNet(hcfg).to(device)
+    net = EagleHeadNet(hcfg)
+    if cfg.init_from_target:
+        net.init_from_target_layer(target_last_layer(target_gguf))
+    net = net.to(device)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) *
                                               max(0.05, 1 - s / max(1, total_steps)))
     state_path = out_dir / "train_state.pt"
     step, wall = 0, 0.0
+    state = {}
     if state_path.exists():
         state = torch.load(state_path, map_location=device, weights_only=False)
         net.load_state_dict(state["model"])
@@ -155,13 +170,15 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
     bar = tqdm(total=total_steps, initial=step, desc="train", unit="step", disable=not progress)
     history = []
     t_start = time.perf_counter() - wall
+    order, order_epoch = None, -1
     while step < total_steps:
         epoch, in_epoch = divmod(step, steps_per_epoch)
-        order = np.random.default_rng(cfg.seed + epoch).permutation(train_idx)
+        if epoch != order_epoch:
+            order, order_epoch = data.epoch_order(train_idx, epoch, cfg.seed), epoch
         idx = order[in_epoch * cfg.batch_size:(in_epoch + 1) * cfg.batch_size]
         batch = [t.to(device) for t in data.batch(idx, emb)]
         net.train()
-        loss, vloss, ploss, acc = head_losses(net, batch, lm_head_t, cfg.noise, cfg.p_weight)
+        loss, per_step = head_losses(net, batch, lm_head_t, cfg.noise, cfg.p_weight, cfg.steps, cfg.step_decay)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_value_(net.parameters(), cfg.clip_value)
@@ -169,7 +186,7 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
         sched.step()
         step += 1
         wall = time.perf_counter() - t_start
-        history.append((vloss.item(), ploss.item(), acc.item()))
+        history.append([v.item() for v in per_step[0][:3]])
         recent = np.mean(history[-20:], axis=0)
         bar.set_postfix(vloss=f"{recent[0]:.3f}", ploss=f"{recent[1]:.2f}", acc=f"{recent[2]:.2f}")
         bar.update(1)
@@ -183,9 +200,8 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
     metrics = evaluate(net, data, eval_idx, emb, lm_head_t, cfg, device)
     head_dir = net.save_hf(out_dir / "head")
     (head_dir / DRAFT_VOCAB_FILE).write_text(json.dumps([int(t) for t in draft_vocab]))
-    n_tokens = int(sum(len(s.tokens) for s in shards))
-    epoch_tokens = sum(len(data.seqs[i][0]) for i in train_idx)
-    card = {"target": Path(target_gguf).name, "train_tokens": n_tokens,
+    epoch_tokens = int(data.lengths[train_idx].sum())
+    card = {"target": Path(target_gguf).name, "train_tokens": int(data.lengths.sum()),
             "train_sequences": len(train_idx), "eval_sequences": len(eval_idx), "steps": step,
             "wall_s": round(wall, 1), "tokens_per_s": round(epoch_tokens * step / steps_per_epoch / max(wall, 1e-9), 1),
             "device": device, "config": asdict(cfg),
@@ -196,17 +212,23 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
     return head_dir
 
 
-def evaluate(net, data: _Batches, eval_idx, emb, lm_head_t, cfg: TrainConfig, device) -> dict:
-    """Held-out losses and top-1 agreement with the target (next token, teacher-forced features)."""
+def evaluate(net, data: ShardStream, eval_idx, emb, lm_head_t, cfg: TrainConfig, device) -> dict:
+    """Held-out losses and top-1 agreement with the target at step 1 (next token, the target's
+    features), and top-1 at each chained step (the head's own features, as deeper tree levels)."""
     import torch
 
     net.eval()
-    sums, n = np.zeros(3), 0
+    n_steps = max(cfg.steps, EVAL_STEPS)
+    sums, n = np.zeros((n_steps, 3)), np.zeros(n_steps)
     with torch.no_grad():
         for start in range(0, len(eval_idx), cfg.batch_size):
             batch = [t.to(device) for t in data.batch(eval_idx[start:start + cfg.batch_size], emb)]
-            _, vloss, ploss, acc = head_losses(net, batch, lm_head_t, 0.0, cfg.p_weight)
-            w = float(batch[3].sum())
-            sums += w * np.array([float(vloss), float(ploss), float(acc)])
-            n += w
-    return dict(zip(("vloss", "ploss", "top1"), (sums / max(n, 1)).round(4).tolist()))
+            _, per_step = head_losses(net, batch, lm_head_t, 0.0, cfg.p_weight, n_steps)
+            for s, (vloss, ploss, acc, w) in enumerate(per_step):
+                sums[s] += float(w) * np.array([float(vloss), float(ploss), float(acc)])
+                n[s] += float(w)
+    mean = sums / np.maximum(n, 1)[:, None]
+    out = dict(zip(("vloss", "ploss", "top1"), mean[0].round(4).tolist()))
+    out["top1_per_step"] = mean[:, 2].round(4).tolist()
+    out["vloss_per_step"] = mean[:, 0].round(4).tolist()
+    return out
