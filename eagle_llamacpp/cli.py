@@ -78,6 +78,7 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
             shards = features.extract(target, convs, feature_dir, max_tokens=args.max_len, token_budget=args.tokens)
     finally:
         target.close()
+    shards = first_tokens(shards, args.tokens)
     manifest = json.loads((feature_dir / "manifest.json").read_text())
     made = {"data": ("self-distilled: the target's replies to ShareGPT first turns, temperature "
                      f"{args.distill_temp}") if args.self_distill else "ShareGPT replies",
@@ -87,6 +88,19 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
         made["generated_tokens_per_s"] = round(manifest["generated"] / max(manifest["seconds"], 1e-9), 1)
     print(f"features: {made['tokens']} tokens, {made['tokens_per_s']} tokens/s", file=sys.stderr)
     return shards, made
+
+
+def first_tokens(shards: list[Path], n_tokens: int) -> list[Path]:
+    """The first shards that hold n_tokens tokens: a folder made for more trains on --tokens only."""
+    import numpy as np
+
+    total = 0
+    for i, path in enumerate(shards):
+        if total >= n_tokens:
+            return shards[:i]
+        with np.load(path) as z:
+            total += int(z["offsets"][-1])
+    return shards
 
 
 def cmd_train(args) -> int:
@@ -102,6 +116,8 @@ def cmd_train(args) -> int:
                             step_decay=args.step_decay, init_from_target=args.init_from_target)
     feature_dir = Path(args.features) if args.features else out / ("distill" if args.self_distill else "features")
     shards, made = make_features(args, target_path, feature_dir)
+    if args.features_only:
+        return 0
     head_dir = train.train(target_path, shards, out, cfg, n_threads=args.threads, card_extra={"features": made})
     gguf_path = convert(head_dir, out / "eagle2-f16.gguf", target=target_path, outtype="f16", force=True)
     card = json.loads((head_dir / "training.json").read_text())
@@ -116,10 +132,11 @@ def add_train_args(t) -> None:
     t.add_argument("--out", "-o", required=True, help="work folder: features, resumable checkpoints, head/")
     t.add_argument("--features", help="feature folder (default: OUT/features, or OUT/distill with --self-distill); "
                                       "several heads can train on one")
-    t.add_argument("--tokens", type=int, default=100_000, help="tokens of features (prompts and replies) to make")
+    t.add_argument("--tokens", type=int, default=100_000, help="tokens of features (prompts and replies) to make and train on")
     t.add_argument("--self-distill", action="store_true",
                    help="train on the target's own replies to ShareGPT prompts (16 generated per decode)")
     t.add_argument("--distill-temp", type=float, default=0.0, help="sampling temperature of those replies (0: greedy)")
+    t.add_argument("--features-only", action="store_true", help="stop once the features are made")
     t.add_argument("--max-len", type=int, default=384, help="tokens per conversation (longer ones are cut)")
     t.add_argument("--epochs", type=int, default=4)
     t.add_argument("--batch-size", type=int, default=8)

@@ -309,3 +309,12 @@ def test_multi_step_head_is_the_chain_llamacpp_drafts(chat_target, tmp_path):
         assert np.abs(hidden[j] - preds[0][j]).max() <= 1e-2 * np.abs(preds[0][j]).max()
     d.close()
     t.close()
+
+
+def test_train_uses_only_the_tokens_asked_for(shards):
+    from eagle_llamacpp.cli import first_tokens
+
+    sizes = [int(FeatureShard.load(p).offsets[-1]) for p in shards]
+    assert first_tokens(shards, 1) == shards[:1]
+    assert first_tokens(shards, sizes[0] + 1) == shards[:2]
+    assert first_tokens(shards, sum(sizes) * 2) == shards

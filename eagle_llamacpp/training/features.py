@@ -95,7 +95,9 @@ class ShardWriter:
         self.manifest.update(state)
         self.manifest["seconds"] += time.perf_counter() - self.t_last
         self.t_last = time.perf_counter()
-        self.path.write_text(json.dumps(self.manifest))
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.manifest))
+        tmp.replace(self.path)  # a reader (or a crash) never sees half a manifest
 
     def shard_paths(self) -> list[Path]:
         return [self.out_dir / s for s in self.manifest["shards"]]
