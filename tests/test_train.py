@@ -318,3 +318,14 @@ def test_train_uses_only_the_tokens_asked_for(shards):
     assert first_tokens(shards, 1) == shards[:1]
     assert first_tokens(shards, sizes[0] + 1) == shards[:2]
     assert first_tokens(shards, sum(sizes) * 2) == shards
+
+
+def test_init_from_a_llama_target_undoes_its_rope_row_order():
+    """llama GGUFs store q/k rows permuted for ggml's normal rope (convert_hf_to_gguf: per head,
+    (2, half) -> (half, 2)); the head rotates halves as HF does, so the copy must undo it."""
+    from eagle_llamacpp.training.train import _unpermute_rope_rows
+
+    w = np.random.default_rng(0).standard_normal((4 * 16, 8))
+    converted = w.reshape(4, 2, 8, 8).swapaxes(1, 2).reshape(w.shape)
+    assert not np.array_equal(converted, w)
+    assert np.array_equal(_unpermute_rope_rows(converted, 4), w)

@@ -63,7 +63,20 @@ def target_last_layer(target_gguf: Path) -> dict[str, np.ndarray]:
     reader = gguf.GGUFReader(target_gguf)
     arch = reader.fields["general.architecture"].contents()
     prefix = f"blk.{int(reader.fields[f'{arch}.block_count'].contents()) - 1}."
-    return {t.name[len(prefix):]: dequantize(target_gguf, t.name) for t in reader.tensors if t.name.startswith(prefix)}
+    layer = {t.name[len(prefix):]: dequantize(target_gguf, t.name) for t in reader.tensors if t.name.startswith(prefix)}
+    if arch == "llama":
+        # llama GGUFs store q/k rows interleaved for ggml's normal rope; the head (as HF) rotates halves
+        n_head = int(reader.fields[f"{arch}.attention.head_count"].contents())
+        n_head_kv = int(reader.fields.get(f"{arch}.attention.head_count_kv", reader.fields[f"{arch}.attention.head_count"]).contents())
+        layer["attn_q.weight"] = _unpermute_rope_rows(layer["attn_q.weight"], n_head)
+        layer["attn_k.weight"] = _unpermute_rope_rows(layer["attn_k.weight"], n_head_kv)
+    return layer
+
+
+def _unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undoes convert_hf_to_gguf's q/k row permutation for llama (pairs back to halves per head)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def count_draft_vocab(stream: ShardStream, n_vocab: int, size: int) -> np.ndarray:
