@@ -329,3 +329,24 @@ def test_init_from_a_llama_target_undoes_its_rope_row_order():
     converted = w.reshape(4, 2, 8, 8).swapaxes(1, 2).reshape(w.shape)
     assert not np.array_equal(converted, w)
     assert np.array_equal(_unpermute_rope_rows(converted, 4), w)
+
+
+def test_held_out_replies_never_repeat_a_training_reply(shards, tmp_path):
+    from eagle_llamacpp.training.features import ShardWriter
+    from eagle_llamacpp.training.shards import ShardStream
+
+    # the same replies written twice over, as self-distillation repeats refusals
+    writer = ShardWriter(tmp_path, 10**9, {})
+    for _ in range(2):
+        for tokens, feats, mask in FeatureShard.load(shards[0]).sequences():
+            writer.add(tokens, feats, mask)
+    writer.flush()
+    stream = ShardStream(writer.shard_paths())
+    train_idx, eval_idx = stream.split(0.3, 0)
+    assert len(eval_idx) >= 2 and len(train_idx) + len(eval_idx) == len(stream)
+
+    def reply(i):
+        tokens, _, mask = stream.sequence(int(i))
+        return tuple(tokens[mask.astype(bool)])
+
+    assert not {reply(i) for i in eval_idx} & {reply(i) for i in train_idx}

@@ -44,10 +44,24 @@ class ShardStream:
         return len(self.ids)
 
     def split(self, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """Indices of training and held-out sequences (a seeded draw over all shards)."""
-        idx = np.random.default_rng(seed).permutation(len(self.ids))
-        n_eval = max(1, int(len(idx) * fraction))
-        return np.sort(idx[n_eval:]), np.sort(idx[:n_eval])
+        """Indices of training and held-out sequences (a seeded draw over all shards). Sequences
+        with the same reply go to the same side: self-distilled data repeats replies (refusals,
+        repeated prompts), and a held-out copy of a training reply would flatter the head."""
+        keys = {}
+        group = np.empty(len(self.ids), np.int64)
+        for i, (tokens, mask) in enumerate(self._replies()):
+            group[i] = keys.setdefault(tokens[mask.astype(bool)].tobytes(), len(keys))
+        order = np.random.default_rng(seed).permutation(len(keys))
+        held_groups = order[:max(1, int(len(keys) * fraction))]
+        held = np.isin(group, held_groups)
+        return np.flatnonzero(~held), np.flatnonzero(held)
+
+    def _replies(self):
+        """(tokens, mask) of every sequence, in index order, read without the features."""
+        for s, (tokens, mask) in enumerate(self.tokens_and_masks()):
+            (offsets,) = _read(self.paths[s], "offsets")
+            for q in self.ids[self.ids[:, 0] == s, 1]:
+                yield tokens[offsets[q]:offsets[q + 1]], mask[offsets[q]:offsets[q + 1]]
 
     def epoch_order(self, train_idx: np.ndarray, epoch: int, seed: int) -> np.ndarray:
         """train_idx in this epoch's order: shards shuffled, then sequences within each group of shards."""
