@@ -14,6 +14,13 @@ def dequantize(path: str | Path, name: str, rows: np.ndarray | None = None) -> n
     tensor = next((t for t in gguf.GGUFReader(path).tensors if t.name == name), None)
     if tensor is None:
         raise KeyError(f"{Path(path).name} has no tensor {name}")
+    return dequantize_tensor(tensor, rows)
+
+
+def dequantize_tensor(tensor, rows: np.ndarray | None = None) -> np.ndarray:
+    """A GGUFReader tensor (or only its `rows`) as float32 [rows, cols]."""
+    import gguf
+
     data = tensor.data if rows is None else tensor.data[np.asarray(rows)]
     return gguf.quants.dequantize(data, tensor.tensor_type).astype(np.float32, copy=False)
 

@@ -125,7 +125,5 @@ def generate(target: TargetModel, conversations, out_dir: Path, *, max_tokens: i
         if writer.full() or writer.n_tokens >= token_budget or not slots:
             writer.flush(next_conv=next_conv, in_flight=sorted(queue + [s.conv for s in slots.values()]))
         refill()
-    if writer.pending:
-        writer.flush(next_conv=next_conv, in_flight=sorted(queue + [s.conv for s in slots.values()]))
     bar.close()
     return writer.shard_paths()

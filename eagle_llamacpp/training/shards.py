@@ -31,8 +31,8 @@ class ShardStream:
         self.cache_size = cache or self.group + 1
         self._cache: OrderedDict[int, FeatureShard] = OrderedDict()
         ids, lengths = [], []
-        for s, p in enumerate(self.paths):
-            (offsets,) = _read(p, "offsets")
+        self.offsets = [_read(p, "offsets")[0] for p in self.paths]
+        for s, offsets in enumerate(self.offsets):
             n = np.diff(offsets)
             for q in np.flatnonzero(n > 2):
                 ids.append((s, int(q)))
@@ -59,7 +59,7 @@ class ShardStream:
     def _replies(self):
         """(tokens, mask) of every sequence, in index order, read without the features."""
         for s, (tokens, mask) in enumerate(self.tokens_and_masks()):
-            (offsets,) = _read(self.paths[s], "offsets")
+            offsets = self.offsets[s]
             for q in self.ids[self.ids[:, 0] == s, 1]:
                 yield tokens[offsets[q]:offsets[q + 1]], mask[offsets[q]:offsets[q + 1]]
 

@@ -58,12 +58,12 @@ def target_last_layer(target_gguf: Path) -> dict[str, np.ndarray]:
     """The target's last decoder layer as float32, by GGUF name without its blk.N. prefix."""
     import gguf
 
-    from ..gguf_tensors import dequantize
+    from ..gguf_tensors import dequantize_tensor
 
     reader = gguf.GGUFReader(target_gguf)
     arch = reader.fields["general.architecture"].contents()
     prefix = f"blk.{int(reader.fields[f'{arch}.block_count'].contents()) - 1}."
-    layer = {t.name[len(prefix):]: dequantize(target_gguf, t.name) for t in reader.tensors if t.name.startswith(prefix)}
+    layer = {t.name[len(prefix):]: dequantize_tensor(t) for t in reader.tensors if t.name.startswith(prefix)}
     if arch == "llama":
         # llama GGUFs store q/k rows interleaved for ggml's normal rope; the head (as HF) rotates halves
         n_head = int(reader.fields[f"{arch}.attention.head_count"].contents())
@@ -152,14 +152,14 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
     steps_per_epoch = math.ceil(len(train_idx) / cfg.batch_size)
     total_steps = steps_per_epoch * cfg.epochs
 
+    state_path = out_dir / "train_state.pt"
     net = EagleHeadNet(hcfg)
-    if cfg.init_from_target:
+    if cfg.init_from_target and not state_path.exists():  # a resumed run loads its weights below
         net.init_from_target_layer(target_last_layer(target_gguf))
     net = net.to(device)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) *
                                               max(0.05, 1 - s / max(1, total_steps)))
-    state_path = out_dir / "train_state.pt"
     step, wall = 0, 0.0
     state = {}
     if state_path.exists():
