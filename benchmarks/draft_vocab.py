@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Which draft vocabulary size to convert a head with: acceptance against draft cost.
+"""Which draft vocabulary size and weight type to convert a head with: acceptance against draft cost.
 
-The shipped head is converted once per size (cached); each draft drives a fixed tree, so that it
-drafts every round and its cost shows, over MT-bench first turns, greedy, interleaved with plain
-decoding. The size with the best tokens/s is the converter's default (constants.DEFAULT_DRAFT_VOCAB).
+The shipped head is converted once per size and type (cached); each draft drives a fixed tree, so
+that it drafts every round and its cost shows, over MT-bench first turns, greedy, interleaved with
+plain decoding. The size with the best tokens/s is the converter's default
+(constants.DEFAULT_DRAFT_VOCAB).
 
-    .venv/bin/python benchmarks/draft_vocab.py [--sizes 512,1024,2048,4096,8192,0] [-N 8] [-n 96]
+    .venv/bin/python benchmarks/draft_vocab.py [--sizes 512,1024,2048,4096,8192,0] [--types f16,q8_0] [-N 8] [-n 96]
 
 Prints a markdown table and writes JSON (default bench-out/draft_vocab.json).
 """
@@ -30,6 +31,7 @@ from eagle_llamacpp.stats import SpecStats
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="512,1024,2048,4096,8192,0", help="draft vocabulary sizes (0: the whole one)")
+    p.add_argument("--types", default="f16", help="draft weight types (convert_eagle.py --outtype)")
     p.add_argument("--tree", default="6,4,2", help="TOTAL,DEPTH,TOP_K of the fixed tree")
     p.add_argument("-N", "--n-prompts", type=int, default=8)
     p.add_argument("-n", "--n-predict", type=int, default=96)
@@ -40,21 +42,21 @@ def main() -> int:
     target = models.fetch(models.QWEN25_CODER_05B)
     head = heads.shipped_head(models.QWEN25_CODER_05B)
     tree = tuple(int(v) for v in args.tree.split(","))
-    sizes = [int(v) for v in args.sizes.split(",")]
-    engines = {n: EagleLlama(target, heads.draft_gguf(head, target, n), n_threads=args.threads, tree=tree)
-               for n in sizes}
-    first = engines[sizes[0]]
+    drafts = [(int(n), t) for n in args.sizes.split(",") for t in args.types.split(",")]
+    engines = {d: EagleLlama(target, heads.draft_gguf(head, target, d[0], d[1]), n_threads=args.threads, tree=tree)
+               for d in drafts}
+    first = engines[drafts[0]]
     renderer = ChatRenderer(first.target)
     prompts = [renderer.prompt_tokens([{"role": "user", "content": q.turns[0]}])
                for q in pick_questions(args.n_prompts)]
     plain = {"tokens": 0, "s": 0.0}
-    rows = {n: {"tokens": 0, "s": 0.0, "stats": SpecStats(), "same": 0} for n in sizes}
+    rows = {d: {"tokens": 0, "s": 0.0, "stats": SpecStats(), "same": 0} for d in drafts}
     for prompt in prompts:
         want, plain_s = plain_greedy(first, prompt, args.n_predict)
         plain["tokens"] += len(want)
         plain["s"] += plain_s
-        for n, llm in engines.items():
-            row = rows[n]
+        for d, llm in engines.items():
+            row = rows[d]
             prompt_s = row["stats"].prompt_s
             t0 = time.perf_counter()
             got = list(llm.generate(prompt, args.n_predict, Sampling(temperature=0.0), row["stats"]))
@@ -66,16 +68,19 @@ def main() -> int:
 
     plain_tps = plain["tokens"] / plain["s"]
     out = {"target": target.name, "tree": tree, "n_prompts": len(prompts), "plain_tokens_per_s": plain_tps,
-           "sizes": {}}
-    print(f"| draft vocabulary | tokens/s | x plain | acceptance length | draft ms per round | "
-          f"same as plain (of {len(prompts)}) |\n|---|---|---|---|---|---|")
-    for n, row in rows.items():
+           "drafts": {}}
+    print(f"| draft vocabulary | weights | tokens/s | x plain | acceptance length | draft ms per round | "
+          f"same as plain (of {len(prompts)}) |\n|---|---|---|---|---|---|---|")
+    for (n, wtype), row in rows.items():
         st = row["stats"]
         tps = row["tokens"] / row["s"]
-        out["sizes"][n] = {"tokens_per_s": tps, "speedup_vs_plain": tps / plain_tps,
-                           "acceptance_length": st.mean_acceptance_length,
-                           "draft_ms_per_round": st.draft_s * 1e3 / st.rounds, "same_as_plain": row["same"]}
-        print(f"| {n or 'whole (151,936)'} | {tps:.2f} | {tps / plain_tps:.2f} | {st.mean_acceptance_length:.2f} | "
+        out["drafts"][f"{n}-{wtype}"] = {"draft_vocab": n, "weights": wtype, "tokens_per_s": tps,
+                                         "speedup_vs_plain": tps / plain_tps,
+                                         "acceptance_length": st.mean_acceptance_length,
+                                         "draft_ms_per_round": st.draft_s * 1e3 / st.rounds,
+                                         "same_as_plain": row["same"]}
+        print(f"| {n or 'whole (151,936)'} | {wtype} | {tps:.2f} | {tps / plain_tps:.2f} | "
+              f"{st.mean_acceptance_length:.2f} | "
               f"{st.draft_s * 1e3 / st.rounds:.2f} | {row['same']} |")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

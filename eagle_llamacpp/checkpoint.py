@@ -14,7 +14,12 @@ class CheckpointError(ValueError):
     """The input is not a readable EAGLE-1/2 checkpoint."""
 
 
-_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64, "I8": np.int8}
+
+# Heads trained here may store 2-D weights as int8 blocks (Q8_0's layout, to keep the repo small):
+# tensor NAME (I8, [rows, cols]) and NAME.scale (F16, [rows, cols / 32]); value = int8 x its block's scale.
+INT8_BLOCK = 32
+INT8_SCALE_SUFFIX = ".scale"
 
 
 def _bf16_to_f32(a: np.ndarray) -> np.ndarray:
@@ -22,7 +27,8 @@ def _bf16_to_f32(a: np.ndarray) -> np.ndarray:
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """Minimal safetensors reader (f32/f16/bf16) that reports truncation and corruption clearly."""
+    """Minimal safetensors reader (f32/f16/bf16, and int8 blocks with their scales) that reports
+    truncation and corruption clearly. Returns float32 arrays."""
     data = path.read_bytes()
     if len(data) < 8:
         raise CheckpointError(f"{path.name}: truncated safetensors file")
@@ -35,6 +41,7 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
         raise CheckpointError(f"{path.name}: corrupt safetensors header ({e})") from None
     base = 8 + n_header
     out = {}
+    int8_names = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -49,7 +56,30 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
         if arr.size != int(np.prod(info["shape"], dtype=np.int64)):
             raise CheckpointError(f"{path.name}: tensor {name} has {arr.size} values for shape {info['shape']}")
         out[name] = arr.reshape(info["shape"])
+        if info["dtype"] == "I8":
+            int8_names.append(name)
+    for name in int8_names:
+        out[name] = _dequantize_int8_blocks(path, name, out[name], out.pop(name + INT8_SCALE_SUFFIX, None))
     return out
+
+
+def _dequantize_int8_blocks(path: Path, name: str, q: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
+    if scale is None:
+        raise CheckpointError(f"{path.name}: int8 tensor {name} has no {name}{INT8_SCALE_SUFFIX}")
+    if q.ndim != 2 or q.shape[1] % INT8_BLOCK or scale.shape != (q.shape[0], q.shape[1] // INT8_BLOCK):
+        raise CheckpointError(f"{path.name}: int8 tensor {name} {list(q.shape)} does not match its scales "
+                              f"{list(scale.shape)} (one per {INT8_BLOCK} values of a row)")
+    return (q.reshape(*scale.shape, INT8_BLOCK) * scale[..., None]).reshape(q.shape)
+
+
+def int8_blocks(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w [rows, cols] (cols a multiple of 32) as int8 values and float16 scales, one per block of
+    32 values of a row, as read_safetensors reads them back (Q8_0's rounding)."""
+    blocks = w.astype(np.float32).reshape(w.shape[0], -1, INT8_BLOCK)
+    scale = (np.abs(blocks).max(-1) / 127).astype(np.float16)
+    inv = np.divide(1.0, scale.astype(np.float32), out=np.zeros(scale.shape, np.float32), where=scale > 0)
+    q = np.clip(np.rint(blocks * inv[..., None]), -127, 127).astype(np.int8)
+    return q.reshape(w.shape), scale
 
 
 def read_torch_bin(path: Path) -> dict[str, np.ndarray]:

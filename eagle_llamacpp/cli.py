@@ -113,7 +113,8 @@ def cmd_train(args) -> int:
     target_path = Path(args.target)
     cfg = train.TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, p_weight=args.p_weight,
                             noise=args.noise, draft_vocab=args.draft_vocab, seed=args.seed, steps=args.steps,
-                            step_decay=args.step_decay, init_from_target=args.init_from_target)
+                            step_decay=args.step_decay, init_from_target=args.init_from_target,
+                            intermediate_size=args.intermediate_size, int8=args.int8)
     feature_dir = Path(args.features) if args.features else out / ("distill" if args.self_distill else "features")
     shards, made = make_features(args, target_path, feature_dir)
     if args.features_only:
@@ -150,6 +151,11 @@ def add_train_args(t) -> None:
     t.add_argument("--step-decay", type=float, default=0.8, help="loss weight of step s: DECAY^(s-1)")
     t.add_argument("--init-from-target", action="store_true",
                    help="start the head's decoder layer as a copy of the target's last layer")
+    t.add_argument("--intermediate-size", type=int, default=0,
+                   help="the head's MLP width (default: the target's); with --init-from-target the head "
+                        "keeps the target's strongest MLP channels")
+    t.add_argument("--int8", action="store_true",
+                   help="store the head's weights as int8 blocks (Q8_0's layout): half the size of float16")
     t.add_argument("--draft-vocab", type=int, default=16384,
                    help="most frequent target tokens the cross-entropy (and a restricted lm_head) covers")
     t.add_argument("--seed", type=int, default=0)

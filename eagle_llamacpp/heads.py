@@ -22,9 +22,10 @@ def shipped_head(target: PackagedModel) -> Path:
     return folder
 
 
-def draft_gguf(head_dir: Path, target_gguf: Path, draft_vocab: int | None = None) -> Path:
-    """The head converted for target_gguf (f16), cached by the head's and the target's contents.
-    draft_vocab: as convert() takes it (None: the default draft vocabulary, 0: the whole vocabulary)."""
+def draft_gguf(head_dir: Path, target_gguf: Path, draft_vocab: int | None = None, outtype: str = "f16") -> Path:
+    """The head converted for target_gguf, cached by the head's and the target's contents.
+    draft_vocab: as convert() takes it (None: the default draft vocabulary, 0: the whole vocabulary);
+    outtype: the draft's weight type, as convert() takes it."""
     from .convert import convert
 
     h = hashlib.sha256()
@@ -34,8 +35,8 @@ def draft_gguf(head_dir: Path, target_gguf: Path, draft_vocab: int | None = None
     h.update(target_gguf.name.encode() + str(target_gguf.stat().st_size).encode())
     vocab = "default" if draft_vocab is None else str(draft_vocab)
     h.update(b"draft_vocab=" + vocab.encode())
-    out = cache_dir() / "drafts" / h.hexdigest()[:16] / f"{head_dir.name}-eagle2-f16-vocab{vocab}.gguf"
+    out = cache_dir() / "drafts" / h.hexdigest()[:16] / f"{head_dir.name}-eagle2-{outtype}-vocab{vocab}.gguf"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
-        convert(head_dir, out, target=target_gguf, outtype="f16", draft_vocab=draft_vocab, force=True)
+        convert(head_dir, out, target=target_gguf, outtype=outtype, draft_vocab=draft_vocab, force=True)
     return out

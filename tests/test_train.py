@@ -350,3 +350,64 @@ def test_held_out_replies_never_repeat_a_training_reply(shards, tmp_path):
         return tuple(tokens[mask.astype(bool)])
 
     assert not {reply(i) for i in eval_idx} & {reply(i) for i in train_idx}
+
+
+def test_int8_head_reads_back_within_its_blocks_rounding(chat_target, tmp_path):
+    from eagle_llamacpp.checkpoint import load_head
+
+    torch.manual_seed(0)
+    net = EagleHeadNet(HeadConfig.from_target(chat_target))
+    f16 = net.save_hf(tmp_path / "f16")
+    q8 = net.save_hf(tmp_path / "q8", int8=True)
+    assert (q8 / "model.safetensors").stat().st_size < 0.6 * (f16 / "model.safetensors").stat().st_size
+    read = load_head(q8).tensors
+    state = {k: v.float().numpy() for k, v in net.state_dict().items()}
+    assert sorted(read) == sorted(state)  # scales are folded in, not extra tensors
+    for name, w in state.items():
+        if w.ndim == 2:  # int8 blocks: an error of at most half a step of the block's scale
+            bound = np.abs(w.reshape(w.shape[0], -1, 32)).max(-1, keepdims=True) / 254 * 1.01 + 1e-7
+            assert (np.abs(read[name] - w).reshape(bound.shape[0], -1, 32) <= bound).all(), name
+        else:  # norms and biases stay float16
+            assert np.array_equal(read[name], w.astype(np.float16).astype(np.float32)), name
+
+
+def test_int8_tensor_without_its_scales_is_a_clear_error(tmp_path):
+    from safetensors.numpy import save_file
+
+    from eagle_llamacpp.checkpoint import CheckpointError, read_safetensors
+
+    path = tmp_path / "model.safetensors"
+    save_file({"fc.weight": np.ones((4, 64), np.int8)}, str(path))
+    with pytest.raises(CheckpointError, match="no fc.weight.scale"):
+        read_safetensors(path)
+    save_file({"fc.weight": np.ones((4, 64), np.int8), "fc.weight.scale": np.ones((4, 3), np.float16)}, str(path))
+    with pytest.raises(CheckpointError, match="does not match its scales"):
+        read_safetensors(path)
+
+
+def test_narrow_head_starts_from_the_targets_strongest_mlp_channels(chat_target, shards, tmp_path):
+    from dataclasses import replace
+
+    from eagle_llamacpp.checkpoint import load_head
+    from eagle_llamacpp.training.head_model import mlp_channels
+    from eagle_llamacpp.training.train import target_last_layer
+
+    layer = target_last_layer(chat_target)
+    full = layer["ffn_gate.weight"].shape[0]
+    net = EagleHeadNet(replace(HeadConfig.from_target(chat_target), intermediate_size=full // 2))
+    net.init_from_target_layer(layer)
+    keep = mlp_channels(layer, full // 2)
+    score = (np.linalg.norm(layer["ffn_gate.weight"], axis=1) * np.linalg.norm(layer["ffn_up.weight"], axis=1)
+             * np.linalg.norm(layer["ffn_down.weight"], axis=0))
+    assert score[keep].min() >= np.delete(score, keep).max()
+    mlp = net.layers[0].mlp
+    assert np.array_equal(mlp.gate_proj.weight.detach().numpy(), layer["ffn_gate.weight"][keep])
+    assert np.array_equal(mlp.up_proj.weight.detach().numpy(), layer["ffn_up.weight"][keep])
+    assert np.array_equal(mlp.down_proj.weight.detach().numpy(), layer["ffn_down.weight"][:, keep])
+    # and through training: the narrow head trains, is stored as int8 and loads at its width
+    cfg = TrainConfig(epochs=1, batch_size=4, lr=2e-3, warmup_steps=2, draft_vocab=64, save_every=1000,
+                      init_from_target=True, intermediate_size=full // 2, int8=True)
+    head = train(chat_target, shards, tmp_path / "narrow", cfg, n_threads=1, progress=False)
+    assert load_head(head).intermediate_size == full // 2
+    card = json.loads((head / "training.json").read_text())
+    assert card["config"]["intermediate_size"] == full // 2 and card["config"]["int8"] is True

@@ -169,28 +169,53 @@ class EagleHeadNet(nn.Module):
 
     def init_from_target_layer(self, tensors: dict[str, np.ndarray]) -> None:
         """Copies a target decoder layer (GGUF names without the blk.N. prefix, float32 [out, in])
-        into the head's layer; fc keeps its own initialisation."""
+        into the head's layer; fc keeps its own initialisation. A head with a narrower MLP than the
+        target's takes the target's strongest MLP channels (mlp_channels)."""
         names = {"attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
                  "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
                  "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
                  "attn_v.bias": "self_attn.v_proj.bias", "ffn_norm.weight": "post_attention_layernorm.weight",
                  "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
                  "ffn_down.weight": "mlp.down_proj.weight"}
+        tensors = dict(tensors)
+        if "ffn_gate.weight" in tensors and tensors["ffn_gate.weight"].shape[0] != self.config.intermediate_size:
+            keep = mlp_channels(tensors, self.config.intermediate_size)
+            for gguf_name in ("ffn_gate.weight", "ffn_up.weight"):
+                tensors[gguf_name] = tensors[gguf_name][keep]
+            tensors["ffn_down.weight"] = tensors["ffn_down.weight"][:, keep]
         params = dict(self.layers[0].named_parameters())
         with torch.no_grad():
             for gguf_name, name in names.items():
                 if name in params and gguf_name in tensors:
-                    params[name].copy_(torch.from_numpy(tensors[gguf_name]).reshape(params[name].shape))
+                    params[name].copy_(torch.tensor(tensors[gguf_name]).reshape(params[name].shape))
 
-    def save_hf(self, folder: Path) -> Path:
-        """config.json + model.safetensors (float16) in the official EAGLE-1/2 layout."""
+    def save_hf(self, folder: Path, int8: bool = False) -> Path:
+        """config.json + model.safetensors in the official EAGLE-1/2 layout: float16, or with
+        int8=True its 2-D weights as int8 blocks (checkpoint.int8_blocks, half the size)."""
         import json
 
         from safetensors.numpy import save_file
 
+        from ..checkpoint import INT8_BLOCK, INT8_SCALE_SUFFIX, int8_blocks
+
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(self.config.hf_config(), indent=2) + "\n")
-        tensors = {k: np.ascontiguousarray(v.detach().cpu().float().numpy().astype(np.float16))
-                   for k, v in self.state_dict().items()}
+        tensors = {}
+        for name, value in self.state_dict().items():
+            w = value.detach().cpu().float().numpy()
+            if int8 and w.ndim == 2 and w.shape[1] % INT8_BLOCK == 0:
+                tensors[name], tensors[name + INT8_SCALE_SUFFIX] = int8_blocks(w)
+            else:
+                tensors[name] = np.ascontiguousarray(w.astype(np.float16))
         save_file(tensors, str(folder / "model.safetensors"))
         return folder
+
+
+def mlp_channels(tensors: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """The n MLP channels of a target layer that carry the most, by the product of their gate row,
+    up row and down column norms (a channel's output scales with all three), in channel order."""
+    score = (np.linalg.norm(tensors["ffn_gate.weight"], axis=1) * np.linalg.norm(tensors["ffn_up.weight"], axis=1)
+             * np.linalg.norm(tensors["ffn_down.weight"], axis=0))
+    if n > score.size:
+        raise ValueError(f"the head's MLP ({n}) is wider than the target's ({score.size})")
+    return np.sort(np.argsort(-score, kind="stable")[:n])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +45,8 @@ class TrainConfig:
     steps: int = 1            # chained prediction steps trained (1: EAGLE-1/2's teacher-forced loss)
     step_decay: float = 0.8   # loss weight of step s is step_decay ** (s - 1)
     init_from_target: bool = False  # the head's layer starts as a copy of the target's last layer
+    intermediate_size: int = 0  # the head's MLP width (0: the target's); narrower heads ship smaller
+    int8: bool = False        # store the head's 2-D weights as int8 blocks (half the size of float16)
 
 
 def target_tensors(target_gguf: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -143,6 +145,8 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
     torch.manual_seed(cfg.seed)
     data = ShardStream(shard_paths)
     hcfg = HeadConfig.from_target(target_gguf)
+    if cfg.intermediate_size:
+        hcfg = replace(hcfg, intermediate_size=cfg.intermediate_size)
     emb, lm_head = target_tensors(target_gguf)
     draft_vocab = count_draft_vocab(data, hcfg.vocab_size, cfg.draft_vocab)
     lm_head_t = torch.from_numpy(np.ascontiguousarray(lm_head[draft_vocab].T)).to(device)
@@ -211,7 +215,7 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
     bar.close()
 
     metrics = evaluate(net, data, eval_idx, emb, lm_head_t, cfg, device)
-    head_dir = net.save_hf(out_dir / "head")
+    head_dir = net.save_hf(out_dir / "head", int8=cfg.int8)
     (head_dir / DRAFT_VOCAB_FILE).write_text(json.dumps([int(t) for t in draft_vocab]))
     epoch_tokens = int(data.lengths[train_idx].sum())
     card = {"target": Path(target_gguf).name, "train_tokens": int(data.lengths.sum()),
