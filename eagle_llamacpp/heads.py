@@ -22,10 +22,11 @@ def shipped_head(target: PackagedModel) -> Path:
     return folder
 
 
-def draft_gguf(head_dir: Path, target_gguf: Path, draft_vocab: int | None = None, outtype: str = "f16") -> Path:
+def draft_gguf(head_dir: Path, target_gguf: Path, draft_vocab: int | None = None, outtype: str = "q8_0") -> Path:
     """The head converted for target_gguf, cached by the head's and the target's contents.
     draft_vocab: as convert() takes it (None: the default draft vocabulary, 0: the whole vocabulary);
-    outtype: the draft's weight type, as convert() takes it."""
+    outtype: the draft's weight type, as convert() takes it. q8_0 by default: on the 2-core CPU it
+    drafted in 24% less time than f16 with the same acceptance (benchmarks/draft_vocab.py --types)."""
     from .convert import convert
 
     h = hashlib.sha256()
