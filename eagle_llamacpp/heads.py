@@ -7,12 +7,13 @@ import hashlib
 from pathlib import Path
 
 from ._native import REPO_ROOT
-from .models import QWEN25_CODER_05B, SMOLLM2_135M, PackagedModel, cache_dir
+from .models import QWEN25_CODER_05B, QWEN25_CODER_15B, SMOLLM2_135M, PackagedModel, cache_dir
 
 HEADS_DIR = REPO_ROOT / "heads"
 
 # default target -> the folder of its shipped head
-SHIPPED = {QWEN25_CODER_05B.name: "qwen2.5-coder-0.5b-instruct", SMOLLM2_135M.name: "smollm2-135m-instruct"}
+SHIPPED = {QWEN25_CODER_05B.name: "qwen2.5-coder-0.5b-instruct", QWEN25_CODER_15B.name: "qwen2.5-coder-1.5b-instruct",
+           SMOLLM2_135M.name: "smollm2-135m-instruct"}
 
 
 def shipped_head(target: PackagedModel) -> Path:
