@@ -74,7 +74,9 @@ def _dequantize_int8_blocks(path: Path, name: str, q: np.ndarray, scale: np.ndar
 
 def int8_blocks(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """w [rows, cols] (cols a multiple of 32) as int8 values and float16 scales, one per block of
-    32 values of a row, as read_safetensors reads them back (Q8_0's rounding)."""
+    32 values of a row, as read_safetensors reads them back. The scales are Q8_0's (max |w| / 127);
+    the values are rounded against the float16 scale as stored, where gguf's Q8_0 rounds against
+    the float32 one, so that each value is within half a step of what is read back."""
     blocks = w.astype(np.float32).reshape(w.shape[0], -1, INT8_BLOCK)
     scale = (np.abs(blocks).max(-1) / 127).astype(np.float16)
     inv = np.divide(1.0, scale.astype(np.float32), out=np.zeros(scale.shape, np.float32), where=scale > 0)
