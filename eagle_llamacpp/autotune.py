@@ -4,8 +4,8 @@ The verify latency of each tree size (one token included: plain decoding) is mea
 and machine and cached. Each round, EAGLE-2's observation that a node's cumulative draft probability
 predicts its acceptance gives the expected accepted tokens of the best N candidates, scaled by how
 well that prediction has matched the acceptance observed so far. The draft itself is skipped for a
-while (then caught up in one batched decode) when the rounds that drafted have been losing time
-against plain decoding.
+while (then caught up in one batched decode) when drafting rounds are predicted, that way, to lose
+time against plain decoding.
 """
 
 from __future__ import annotations
@@ -24,16 +24,17 @@ from .tree import TreeBuilder
 
 SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)  # verified tokens, root included
 MAX_SKIP = 64  # rounds without a draft between two probes, at most (a losing probe costs ~1/4 of a round)
+DECAY = 0.95   # per drafting round, of the accepted / predicted sums (~20 rounds of memory)
 
 
-def _machine_key(target, n_threads: int, n_gpu_layers: int) -> str:
+def _machine_key(target, n_threads: int, n_gpu_layers: int, flash_attn: bool | None) -> str:
     st = os.stat(target.path)
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    raw = f"{target.path.name}|{st.st_size}|{cpu}|{os.cpu_count()}|{n_threads}|{n_gpu_layers}"
+    raw = f"{target.path.name}|{st.st_size}|{cpu}|{os.cpu_count()}|{n_threads}|{n_gpu_layers}|{flash_attn}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
@@ -62,10 +63,11 @@ def measure_verify_ms(target, sizes=SIZES, reps: int = 5) -> dict[int, float]:
     return {n: float(ms) for n, ms in zip(sizes, monotone)}
 
 
-def cached_verify_ms(target, *, n_threads: int, n_gpu_layers: int, max_tokens: int) -> dict[int, float]:
-    """measure_verify_ms for sizes up to max_tokens, cached per target file and machine."""
+def cached_verify_ms(target, *, n_threads: int, n_gpu_layers: int, flash_attn: bool | None,
+                     max_tokens: int) -> dict[int, float]:
+    """measure_verify_ms for sizes up to max_tokens, cached per target file, machine and attention kernel."""
     sizes = [n for n in SIZES if n <= max_tokens]
-    path = cache_dir() / "autotune" / f"v2-{_machine_key(target, n_threads, n_gpu_layers)}.json"
+    path = cache_dir() / "autotune" / f"v2-{_machine_key(target, n_threads, n_gpu_layers, flash_attn)}.json"
     cached = json.loads(path.read_text()) if path.is_file() else {}
     if all(str(n) in cached for n in sizes):
         return {n: cached[str(n)] for n in sizes}
@@ -82,12 +84,22 @@ class AutoPolicy:
         if 1 not in verify_ms:
             raise ValueError("verify_ms needs the cost of one token (plain decoding)")
         self.verify_ms = dict(sorted(verify_ms.items()))
-        self.calibration = 1.0  # observed / predicted accepted tokens, running average
+        # accepted / predicted tokens of drafting rounds, as decayed sums (a ratio of sums is steadier
+        # than an average of per-round ratios, which are 0 or large); the prior reads 1
+        self.accepted_sum = 1.0
+        self.predicted_sum = 1.0
         self.decode_ms = 0.0    # one draft decode, running average
-        self.gain_ms = 0.0      # time a drafting round saved against plain decoding, running average
+        self.gain_ms = 0.0      # predicted time a drafting round saves against plain decoding, running average
         self.backoff = 0        # rounds to skip after the next losing probe
         self.skip = 0           # rounds left without a draft
-        self.last_expected = 0.0
+        self.caught_up = True   # no skipped round since the last draft: its catch-up decode is the usual size
+        self.last_predicted = 0.0  # accepted tokens the last choose() predicted, before calibration
+
+    @property
+    def calibration(self) -> float:
+        """Observed / predicted accepted tokens, floored so that a bad stretch does not switch
+        speculation off for good."""
+        return min(max(self.accepted_sum / self.predicted_sum, 0.05), 4.0)
 
     def _update_verify_cost(self, n_tokens: int, ms: float) -> None:
         """Running average per measured size, kept non-decreasing in the size."""
@@ -112,21 +124,22 @@ class AutoPolicy:
         return True
 
     def _best(self, probs: np.ndarray, extra_ms: float = 0.0) -> tuple[int, float, float]:
-        """(drafted nodes, tokens per ms, expected accepted) of the best size for candidate probabilities
-        `probs` (descending); 0 nodes is plain decoding. The draft already spent is sunk."""
+        """(drafted nodes, tokens per ms, predicted accepted before calibration) of the best size for
+        candidate probabilities `probs` (descending); 0 nodes is plain decoding. The draft already
+        spent is sunk."""
         best = (0, 1.0 / self.verify_ms[1], 0.0)
         cum = np.concatenate([[0.0], np.cumsum(probs)])
+        calibration = self.calibration
         for n, ms in self.verify_ms.items():
             if n == 1 or n - 1 > len(probs):
                 continue
-            expected = self.calibration * float(cum[n - 1])
-            rate = (1.0 + expected) / (ms + extra_ms)
+            rate = (1.0 + calibration * float(cum[n - 1])) / (ms + extra_ms)
             if rate > best[1]:
-                best = (n - 1, rate, expected)
+                best = (n - 1, rate, float(cum[n - 1]))
         return best
 
     def choose(self, builder: TreeBuilder) -> int:
-        n, _, self.last_expected = self._best(np.exp(builder.candidate_scores()))
+        n, _, self.last_predicted = self._best(np.exp(builder.candidate_scores()))
         return n
 
     def keep_expanding(self, builder: TreeBuilder) -> bool:
@@ -144,18 +157,28 @@ class AutoPolicy:
                 verify_ms: float | None = None) -> None:
         """After a round: n_decodes = 0 when the draft was skipped; verify_ms, what this round's
         verify took, corrects the table (a cached table can be off: measured on a busier or quieter
-        machine, or before the model's pages were warm)."""
+        machine, or before the model's pages were warm).
+
+        Whether drafting pays is judged on the round's predicted gain (calibrated draft probabilities,
+        measured costs), not on its accepted count: one round accepts all or nothing, and a running
+        average of such samples flips sign often enough to back off from drafts that pay on average."""
         if verify_ms is not None:
             self._update_verify_cost(n_drafted + 1, verify_ms)
         if n_decodes == 0:
+            self.caught_up = False
             return
-        if n_drafted > 0 and self.last_expected > 0:
-            ratio = n_accepted / self.last_expected
-            # floored, so that a bad stretch does not switch speculation off for good
-            self.calibration = max(0.05, 0.9 * self.calibration + 0.1 * min(ratio, 4.0))
-        per_decode = draft_ms / n_decodes
-        self.decode_ms = per_decode if self.decode_ms == 0 else 0.9 * self.decode_ms + 0.1 * per_decode
-        gain = (n_accepted + 1) * self.verify_ms[1] - (draft_ms + self.verify_cost(n_drafted + 1))
+        if n_drafted > 0:
+            self.accepted_sum = DECAY * self.accepted_sum + n_accepted
+            self.predicted_sum = DECAY * self.predicted_sum + self.last_predicted
+        if self.caught_up or self.decode_ms == 0:
+            per_decode = draft_ms / n_decodes
+            self.decode_ms = per_decode if self.decode_ms == 0 else 0.9 * self.decode_ms + 0.1 * per_decode
+        else:
+            # after skipped rounds the catch-up decode is bigger than a drafting round's own
+            draft_ms = self.decode_ms * n_decodes
+        self.caught_up = True
+        predicted = self.calibration * self.last_predicted if n_drafted > 0 else 0.0
+        gain = (1.0 + predicted) * self.verify_ms[1] - (draft_ms + self.verify_cost(n_drafted + 1))
         self.gain_ms = 0.8 * self.gain_ms + 0.2 * gain
         if self.gain_ms < 0:
             self.skip = self.backoff

@@ -274,9 +274,11 @@ def plot(summary: dict, path: Path, title: str) -> Path | None:
 
 def run_bench(target: Path, drafts: dict[str, Path], *, n_prompts: int, max_tokens: int, out_dir: Path,
               n_threads: int = 2, n_ctx: int = 2048, fixed_tree=(6, 4, 2), draft_model: Path | None = None,
-              with_server: bool = True, with_fixed: bool = True, progress: bool = True) -> dict:
+              with_server: bool = True, with_fixed: bool = True, progress: bool = True,
+              flash_attn: str = "off") -> dict:
     """drafts: label -> eagle2 draft GGUF (e.g. one per draft vocabulary); each gets an auto-tree run, the
-    first also the fixed tree and llama-server's draft-eagle2."""
+    first also the fixed tree and llama-server's draft-eagle2. flash_attn ("on", "off", "auto") applies
+    to every method alike, in Python and in llama-server."""
     from tqdm import tqdm
 
     from .autotune import measure_verify_ms
@@ -284,9 +286,11 @@ def run_bench(target: Path, drafts: dict[str, Path], *, n_prompts: int, max_toke
 
     out_dir.mkdir(parents=True, exist_ok=True)
     first = next(iter(drafts.values()))
+    fa = {"on": True, "off": False, "auto": None}[flash_attn]
     eagle = {f"eagle2-auto{label}": (path, {"tree": "auto"}) for label, path in drafts.items()}
     if with_fixed:
         eagle["eagle2-fixed-" + "-".join(map(str, fixed_tree))] = (first, {"tree": tuple(fixed_tree)})
+    eagle = {name: (path, {**kw, "flash_attn": fa}) for name, (path, kw) in eagle.items()}
     servers = {}
     if with_server:
         servers = {"server-plain": [], "server-ngram-simple": ["--spec-type", "ngram-simple"],
@@ -296,6 +300,7 @@ def run_bench(target: Path, drafts: dict[str, Path], *, n_prompts: int, max_toke
                                     "--spec-eagle2-depth", "5", "--spec-eagle2-top-k", "4"]
         if draft_model:
             servers["server-draft-model"] = ["-md", str(draft_model), "-td", str(n_threads)]
+        servers = {name: ["-fa", flash_attn, *args] for name, args in servers.items()}
     questions = pick_questions(n_prompts)
     py = PythonMethods(target, n_threads, n_ctx, eagle)
     srv = None
@@ -324,7 +329,7 @@ def run_bench(target: Path, drafts: dict[str, Path], *, n_prompts: int, max_toke
     summary = summarize(results, methods)
     report = {"target": target.name, "drafts": {k: v.name for k, v in drafts.items()},
               "draft_model": draft_model.name if draft_model else None,
-              "n_prompts": len(questions), "max_tokens": max_tokens, "n_threads": n_threads,
+              "n_prompts": len(questions), "max_tokens": max_tokens, "n_threads": n_threads, "flash_attn": flash_attn,
               "machine": f"{platform.machine()}, {_cpu_name()}, {__import__('os').cpu_count()} cores",
               "ceiling": ceiling, "summary": summary, "results": [asdict(r) for r in results]}
     (out_dir / "bench.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -184,7 +184,8 @@ def cmd_bench(args) -> int:
                     out_dir=out_dir, n_threads=args.threads, n_ctx=args.ctx_size,
                     fixed_tree=tuple(int(v) for v in args.fixed_tree.split(",")),
                     draft_model=Path(args.draft_model) if args.draft_model else None,
-                    with_server=not args.no_server, with_fixed=not args.no_fixed, progress=not args.no_progress)
+                    with_server=not args.no_server, with_fixed=not args.no_fixed, progress=not args.no_progress,
+                    flash_attn=args.flash_attn)
     print(out["markdown"])
     print(f"written: {args.out}/bench.md, bench.json, bench.png", file=sys.stderr)
     return 0
@@ -208,6 +209,9 @@ def add_bench_args(b) -> None:
     b.add_argument("-t", "--threads", type=int, default=2)
     b.add_argument("--fixed-tree", default="6,4,2", help="TOTAL,DEPTH,TOP_K of the fixed-tree EAGLE-2 run")
     b.add_argument("--no-fixed", action="store_true", help="skip the fixed-tree run")
+    b.add_argument("--flash-attn", "-fa", choices=("off", "on", "auto"), default="off",
+                   help="flash attention for every method, Python and llama-server alike (default: off, "
+                        "EagleLlama's choice on the CPU)")
     b.add_argument("--no-server", action="store_true", help="skip the llama-server methods")
     b.add_argument("--no-progress", action="store_true")
     b.add_argument("-o", "--out", default="bench-out")

@@ -73,12 +73,18 @@ class EagleLlama(CompletionMixin):
     TreeShape, or a tuple (total_tokens, depth, top_k); top_k=1 drafts a chain. A draft converted
     with a draft vocabulary computes its logits over those target tokens only; verification keeps
     the full vocabulary, so the output does not change, only the speed.
+
+    flash_attn: None picks per backend: off on the CPU (n_gpu_layers=0), where ggml's flash
+    attention made one-token decodes and small verify batches slower (benchmarks/tree_verify.py
+    --flash-attn), llama.cpp's "auto" with GPU layers.
     """
 
     def __init__(self, target_gguf: str | os.PathLike, draft_gguf: str | os.PathLike, *, n_ctx: int = 2048,
                  n_threads: int | None = None, n_gpu_layers: int = 0, flash_attn: bool | None = None,
                  tree: str | TreeShape | tuple = "auto", n_batch: int = 512):
         n_threads = n_threads or os.cpu_count() or 2
+        if flash_attn is None and n_gpu_layers == 0:
+            flash_attn = False
         self.target = TargetModel(target_gguf, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                   n_gpu_layers=n_gpu_layers, flash_attn=flash_attn)
         self.n_ctx = nat.llama_cpp.llama_n_ctx(self.target.ctx)  # llama.cpp rounds n_ctx up
@@ -96,7 +102,7 @@ class EagleLlama(CompletionMixin):
         self.scorer = TreeScorer(self.target)
         if tree == "auto":
             self.policy = AutoPolicy(cached_verify_ms(self.target, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                                                      max_tokens=self.shape.total_tokens))
+                                                      flash_attn=flash_attn, max_tokens=self.shape.total_tokens))
         else:
             self.policy = FixedPolicy(self.shape)
         self.vocab = nat.llama_cpp.llama_model_get_vocab(self.target.model)
