@@ -143,15 +143,18 @@ class AutoPolicy:
         return n
 
     def keep_expanding(self, builder: TreeBuilder) -> bool:
-        """Whether one more level could beat the best tree of the candidates so far, after paying for
-        its decode: no new node is likelier than the likeliest node of the frontier."""
+        """Whether one more level is expected to beat the best tree of the candidates so far, after
+        paying for its decode. The new nodes are guessed as each frontier node's probability times
+        the newest level's probabilities given their parent (the draft about as sure one level down).
+        A bound (every new node as likely as the likeliest frontier node) expanded nearly every
+        round, and the rounds' draft time then ate what they gained."""
         probs = np.exp(builder.candidate_scores())
         _, rate_now, _ = self._best(probs)
-        p_max = float(np.exp(builder.frontier_scores().max()))
         n_new = min(builder.top_k * len(builder.frontier_scores()), max(self.verify_ms) - 1)
-        bound = np.sort(np.concatenate([probs, np.full(n_new, p_max)]))[::-1]
-        _, rate_bound, _ = self._best(bound, extra_ms=self.decode_ms)
-        return rate_bound > rate_now
+        guess = np.outer(np.exp(builder.frontier_scores()), builder.last_conditionals()).ravel()
+        new = np.sort(guess)[::-1][:n_new]
+        _, rate_next, _ = self._best(np.sort(np.concatenate([probs, new]))[::-1], extra_ms=self.decode_ms)
+        return rate_next > rate_now
 
     def observe(self, n_drafted: int, n_accepted: int, draft_ms: float, n_decodes: int,
                 verify_ms: float | None = None) -> None:

@@ -275,7 +275,7 @@ def plot(summary: dict, path: Path, title: str) -> Path | None:
 def run_bench(target: Path, drafts: dict[str, Path], *, n_prompts: int, max_tokens: int, out_dir: Path,
               n_threads: int = 2, n_ctx: int = 2048, fixed_tree=(6, 4, 2), draft_model: Path | None = None,
               with_server: bool = True, with_fixed: bool = True, progress: bool = True,
-              flash_attn: str = "off") -> dict:
+              flash_attn: str = "auto") -> dict:
     """drafts: label -> eagle2 draft GGUF (e.g. one per draft vocabulary); each gets an auto-tree run, the
     first also the fixed tree and llama-server's draft-eagle2. flash_attn ("on", "off", "auto") applies
     to every method alike, in Python and in llama-server."""

@@ -209,9 +209,9 @@ def add_bench_args(b) -> None:
     b.add_argument("-t", "--threads", type=int, default=2)
     b.add_argument("--fixed-tree", default="6,4,2", help="TOTAL,DEPTH,TOP_K of the fixed-tree EAGLE-2 run")
     b.add_argument("--no-fixed", action="store_true", help="skip the fixed-tree run")
-    b.add_argument("--flash-attn", "-fa", choices=("off", "on", "auto"), default="off",
-                   help="flash attention for every method, Python and llama-server alike (default: off, "
-                        "EagleLlama's choice on the CPU)")
+    b.add_argument("--flash-attn", "-fa", choices=("off", "on", "auto"), default="auto",
+                   help="flash attention for every method, Python and llama-server alike (default: auto, "
+                        "llama.cpp's and EagleLlama's default)")
     b.add_argument("--no-server", action="store_true", help="skip the llama-server methods")
     b.add_argument("--no-progress", action="store_true")
     b.add_argument("-o", "--out", default="bench-out")

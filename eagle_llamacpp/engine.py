@@ -74,17 +74,15 @@ class EagleLlama(CompletionMixin):
     with a draft vocabulary computes its logits over those target tokens only; verification keeps
     the full vocabulary, so the output does not change, only the speed.
 
-    flash_attn: None picks per backend: off on the CPU (n_gpu_layers=0), where ggml's flash
-    attention made one-token decodes and small verify batches slower (benchmarks/tree_verify.py
-    --flash-attn), llama.cpp's "auto" with GPU layers.
+    flash_attn: None keeps llama.cpp's "auto" (on, on the CPU). Off decodes faster on the CPU here
+    (benchmarks/flash_attn.py), but there a verify batch then rounds differently from one-token
+    decoding often enough to change greedy output (README, Known limits); True/False force it.
     """
 
     def __init__(self, target_gguf: str | os.PathLike, draft_gguf: str | os.PathLike, *, n_ctx: int = 2048,
                  n_threads: int | None = None, n_gpu_layers: int = 0, flash_attn: bool | None = None,
                  tree: str | TreeShape | tuple = "auto", n_batch: int = 512):
         n_threads = n_threads or os.cpu_count() or 2
-        if flash_attn is None and n_gpu_layers == 0:
-            flash_attn = False
         self.target = TargetModel(target_gguf, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                   n_gpu_layers=n_gpu_layers, flash_attn=flash_attn)
         self.n_ctx = nat.llama_cpp.llama_n_ctx(self.target.ctx)  # llama.cpp rounds n_ctx up

@@ -134,6 +134,15 @@ class TreeBuilder:
         """Cumulative log-probabilities of the nodes the next level would expand."""
         return np.concatenate(self._score)[self._frontier.flat]
 
+    def last_conditionals(self) -> np.ndarray:
+        """Probabilities, given their parent, of the likeliest frontier node and its siblings,
+        descending: how sure the draft was one level down, a guess at how sure it will be next."""
+        scores, parents = np.concatenate(self._score), np.concatenate(self._parent)
+        top = self._frontier.flat[np.argmax(scores[self._frontier.flat])]
+        parent = parents[top]
+        base = scores[parent] if parent >= 0 else 0.0
+        return np.sort(np.exp(scores[parents == parent] - base))[::-1]
+
     def candidate_scores(self) -> np.ndarray:
         """Cumulative log-probabilities of all candidates so far, best first."""
         return np.sort(np.concatenate(self._score))[::-1]

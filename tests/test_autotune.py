@@ -23,6 +23,21 @@ def test_drafts_only_what_beats_plain_decoding():
     assert policy._best(np.array([0.7, 0.5]))[0] == 2
 
 
+def test_grows_a_level_only_where_the_draft_is_sure_enough_to_pay_for_it():
+    # verify: 1 token 40 ms, 2: 42, 3: 50; a draft decode 3 ms
+    policy = AutoPolicy({1: 40.0, 2: 42.0, 3: 50.0})
+    policy.decode_ms = 3.0
+    sure = TreeBuilder(top_k=1, depth=3, total_tokens=3)
+    sure.begin(np.log(np.array([0.9, 0.05, 0.05])))
+    # next level guessed at 0.9 * 0.9: (1 + 0.9 + 0.81) / (50 + 3) beats (1 + 0.9) / 42
+    assert policy.keep_expanding(sure)
+    unsure = TreeBuilder(top_k=1, depth=3, total_tokens=3)
+    unsure.begin(np.log(np.array([0.5, 0.25, 0.25])))
+    # 0.5 * 0.5: (1 + 0.5 + 0.25) / 53 loses to (1 + 0.5) / 42, though a bound at 0.5 would not:
+    # (1 + 0.5 + 0.5) / 53 > 1.5 / 42
+    assert not policy.keep_expanding(unsure)
+
+
 def test_losing_rounds_back_off_up_to_max_skip():
     policy = AutoPolicy({1: 20.0, 2: 30.0})
     skipped = []

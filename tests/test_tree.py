@@ -31,6 +31,15 @@ def test_worked_example_from_the_reference():
     assert tree.retrieve_indices().tolist() == [[0, 1, 3], [0, 2, -1]]
 
 
+def test_last_conditionals_are_the_likeliest_frontier_node_and_its_siblings():
+    tb = TreeBuilder(top_k=2, depth=2, total_tokens=10)
+    tb.begin(logprobs({1: -0.1, 2: -1.0}))
+    np.testing.assert_allclose(tb.last_conditionals(), np.exp([-0.1, -1.0]))
+    # frontier: 3 (cumulative -0.3) and 5 (-1.01); 3 and its sibling 4 given token 1: -0.2, -1.9
+    tb.expand(np.stack([logprobs({3: -0.2, 4: -1.9}), logprobs({5: -0.01, 6: -1.5})]))
+    np.testing.assert_allclose(tb.last_conditionals(), np.exp([-0.2, -1.9]))
+
+
 def test_frontier_is_the_global_top_k_and_pairs_with_parent_rows():
     tb = TreeBuilder(top_k=2, depth=2, total_tokens=10)
     tb.begin(logprobs({1: -0.1, 2: -0.2}))
