@@ -145,7 +145,8 @@ class AutoPolicy:
     def keep_expanding(self, builder: TreeBuilder) -> bool:
         """Whether one more level is expected to beat the best tree of the candidates so far, after
         paying for its decode. The new nodes are guessed as each frontier node's probability times
-        the newest level's probabilities given their parent (the draft about as sure one level down).
+        the probabilities, given their parent, of the likeliest frontier node and its siblings (the
+        draft about as sure one level down).
         A bound (every new node as likely as the likeliest frontier node) expanded nearly every
         round, and the rounds' draft time then ate what they gained."""
         probs = np.exp(builder.candidate_scores())

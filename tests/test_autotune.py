@@ -84,6 +84,17 @@ def test_drafts_that_pay_on_average_keep_drafting():
     assert max(drafting_share(0.10, 0.4, seed) for seed in range(3)) < 0.2
 
 
+def test_a_catch_up_after_skipped_rounds_is_priced_as_a_usual_draft():
+    policy = AutoPolicy({1: 38.7, 2: 43.0})
+    for _ in range(5):
+        n = policy.choose(one_guess(0.5))
+        policy.observe(n, 1, 2.6, 1, verify_ms=43.0)
+    policy.observe(0, 0, 0.0, 0, verify_ms=38.7)  # a skipped round: its pair waits for the next draft
+    n = policy.choose(one_guess(0.5))
+    policy.observe(n, 0, 30.0, 1, verify_ms=43.0)  # that draft decoded the waiting pairs too
+    assert abs(policy.decode_ms - 2.6) < 1e-9 and policy.gain_ms > 0 and policy.skip == 0
+
+
 def test_calibration_converges_to_the_observed_ratio():
     # the draft says 0.8, the target accepts half as often
     rng = np.random.default_rng(0)
