@@ -23,7 +23,8 @@ from .models import cache_dir
 from .tree import TreeBuilder
 
 SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)  # verified tokens, root included
-MAX_SKIP = 64  # rounds without a draft between two probes, at most (a losing probe costs ~1/4 of a round)
+MAX_SKIP = 16  # rounds without a draft between two probes, at most (a losing probe costs ~1/4 of a round;
+               # probes are what the calibration learns from while drafting is off)
 DECAY = 0.95   # per drafting round, of the accepted / predicted sums (~20 rounds of memory)
 
 
@@ -89,10 +90,11 @@ class AutoPolicy:
         self.accepted_sum = 1.0
         self.predicted_sum = 1.0
         self.decode_ms = 0.0    # one draft decode, running average
-        self.gain_ms = 0.0      # predicted time a drafting round saves against plain decoding, running average
+        self.gain_ms = 0.0      # predicted time the last drafting round saved against plain decoding
         self.backoff = 0        # rounds to skip after the next losing probe
         self.skip = 0           # rounds left without a draft
         self.caught_up = True   # no skipped round since the last draft: its catch-up decode is the usual size
+        self.probe = True       # the next draft verifies at least one node, whatever the calibration says
         self.last_predicted = 0.0  # accepted tokens the last choose() predicted, before calibration
 
     @property
@@ -139,7 +141,14 @@ class AutoPolicy:
         return best
 
     def choose(self, builder: TreeBuilder) -> int:
-        n, _, self.last_predicted = self._best(np.exp(builder.candidate_scores()))
+        """The drafted nodes to verify. The first draft and the first after skipped rounds verify at
+        least the likeliest node: the calibration learns only from verified nodes, so a draft whose
+        probabilities undersell it would otherwise never be tried again."""
+        probs = np.exp(builder.candidate_scores())
+        n, _, self.last_predicted = self._best(probs)
+        if n == 0 and self.probe and len(probs):
+            n, self.last_predicted = 1, float(probs[0])
+        self.probe = False
         return n
 
     def keep_expanding(self, builder: TreeBuilder) -> bool:
@@ -170,6 +179,7 @@ class AutoPolicy:
             self._update_verify_cost(n_drafted + 1, verify_ms)
         if n_decodes == 0:
             self.caught_up = False
+            self.probe = True
             return
         if n_drafted > 0:
             self.accepted_sum = DECAY * self.accepted_sum + n_accepted
@@ -183,7 +193,7 @@ class AutoPolicy:
         self.caught_up = True
         predicted = self.calibration * self.last_predicted if n_drafted > 0 else 0.0
         gain = (1.0 + predicted) * self.verify_ms[1] - (draft_ms + self.verify_cost(n_drafted + 1))
-        self.gain_ms = 0.8 * self.gain_ms + 0.2 * gain
+        self.gain_ms = gain  # already smoothed: the calibration averages ~20 drafting rounds
         if self.gain_ms < 0:
             self.skip = self.backoff
             self.backoff = min(2 * self.backoff + 1, MAX_SKIP)

@@ -144,8 +144,9 @@ def test_untrained_head_alone_is_lossless(engine, reference):
 def test_auto_tree_falls_back_to_plain_decoding_with_an_untrained_head(smollm2, smollm2_draft, reference,
                                                                        tmp_path, monkeypatch):
     """The untrained head's drafts almost never promise to pay (a random head is confident at random,
-    rarely), so auto verifies the root alone (plain decoding, exactly) and probes the draft less and
-    less often."""
+    rarely), so auto verifies the root alone (plain decoding) and probes the draft less and less
+    often (up to MAX_SKIP rounds apart; a probe verifies one drafted token, which with flash
+    attention off may round a near-tie the other way)."""
     monkeypatch.setenv("EAGLE_LLAMACPP_CACHE", str(tmp_path))  # measure here, leave the user's cache
     e = EagleLlama(smollm2, smollm2_draft, n_ctx=512, n_threads=2, flash_attn=False, tree="auto")
     assert (tmp_path / "autotune").is_dir()
@@ -153,9 +154,12 @@ def test_auto_tree_falls_back_to_plain_decoding_with_an_untrained_head(smollm2, 
         prompt_toks, want = reference[p]
         stats = SpecStats()
         got = list(e.generate(prompt_toks, len(want), Sampling(temperature=0), stats))
-        assert got == single_token_greedy(e, prompt_toks, len(want)), p
+        check_same_or_near_tie(e, prompt_toks, got, single_token_greedy(e, prompt_toks, len(want)))
         check_same_or_near_tie(e, prompt_toks, got, want)
-        assert stats.drafting_rounds <= max(2, stats.rounds // 20) and stats.accepted <= stats.drafting_rounds
+        # probes after 0, 1, 3, 7, then up to autotune.MAX_SKIP (16) skipped rounds (a probe that looks like it pays
+        # resets the back-off): a few rounds in a hundred verify a drafted token
+        assert stats.drafting_rounds <= 2 + stats.rounds // 6
+        assert stats.accepted <= stats.drafting_rounds
         assert stats.draft_decodes <= stats.rounds / 4, stats.as_dict()
     e.close()
 
