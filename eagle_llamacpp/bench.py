@@ -299,7 +299,9 @@ def run_bench(target: Path, drafts: dict[str, Path], *, n_prompts: int, max_toke
         servers["server-eagle2"] = ["-md", str(first), "--spec-type", "draft-eagle2", "--spec-draft-n-max", "6",
                                     "--spec-eagle2-depth", "5", "--spec-eagle2-top-k", "4"]
         if draft_model:
-            servers["server-draft-model"] = ["-md", str(draft_model), "-td", str(n_threads)]
+            # -md alone loads the model but speculates with nothing: the type must be named
+            servers["server-draft-model"] = ["-md", str(draft_model), "-td", str(n_threads),
+                                             "--spec-type", "draft-simple"]
         servers = {name: ["-fa", flash_attn, *args] for name, args in servers.items()}
     questions = pick_questions(n_prompts)
     py = PythonMethods(target, n_threads, n_ctx, eagle)
