@@ -14,9 +14,7 @@ differently from one-token decoding often enough here to change greedy output (R
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -29,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from eagle_llamacpp import _native as nat
 from eagle_llamacpp import models
 from eagle_llamacpp.draft import TargetModel
+from report import print_table, write_json
 
 SIZES = (1, 2, 4, 8)
 CONTEXTS = (128, 512, 1024)
@@ -104,17 +103,10 @@ def main() -> None:
     args = ap.parse_args()
 
     rows = [r for name in args.models for r in bench_model(name, args.reps, args.threads)]
-    print("| model | context | tokens decoded | flash attention on, ms | off, ms | off / on |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        what = "prompt batch" if r["context"] == 0 else r["context"]
-        print(f"| {r['model']} | {what} | {r['n']} | {r['on_ms']:.1f} | {r['off_ms']:.1f} | {r['off_over_on']:.2f} |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(machine=platform.processor() or platform.machine(), threads=args.threads, reps=args.reps,
-                statistic="median")
-    args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    print(f"wrote {args.out}", file=sys.stderr)
-
+    print_table(["model", "context", "tokens decoded", "flash attention on, ms", "off, ms", "off / on"],
+                [[r["model"], "prompt batch" if r["context"] == 0 else r["context"], r["n"], f"{r['on_ms']:.1f}",
+                  f"{r['off_ms']:.1f}", f"{r['off_over_on']:.2f}"] for r in rows])
+    write_json(args.out, rows, threads=args.threads, reps=args.reps, statistic="median")
 
 if __name__ == "__main__":
     main()

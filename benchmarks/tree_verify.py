@@ -12,9 +12,7 @@ Prints a markdown table and writes JSON (default bench-out/tree_verify.json).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -27,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from eagle_llamacpp import _native as nat
 from eagle_llamacpp import models
 from eagle_llamacpp.draft import TargetModel
+from report import print_table, write_json
 
 SIZES = (1, 2, 4, 8, 16, 32, 48, 64)
 PROMPT = ("Write a Python function that parses a CSV file of orders, groups them by customer and "
@@ -100,18 +99,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows = [r for name in args.models for r in bench_model(name, args.reps, args.threads, rng)]
 
-    print("| model | N | tree depth | tree ms | chain ms | one token ms | tree / chain | tree / one token |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['model']} | {r['n']} | {r['depth']} | {r['tree_ms']:.1f} | {r['chain_ms']:.1f} | "
-              f"{r['one_ms']:.1f} | {r['tree_over_chain']:.2f} | {r['tree_over_one']:.2f} |")
-
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(machine=platform.processor() or platform.machine(), threads=args.threads, reps=args.reps,
-                prompt_tokens=128, statistic="median")
-    args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    print(f"wrote {args.out}", file=sys.stderr)
-
+    print_table(["model", "N", "tree depth", "tree ms", "chain ms", "one token ms", "tree / chain", "tree / one token"],
+                [[r["model"], r["n"], r["depth"], f"{r['tree_ms']:.1f}", f"{r['chain_ms']:.1f}", f"{r['one_ms']:.1f}",
+                  f"{r['tree_over_chain']:.2f}", f"{r['tree_over_one']:.2f}"] for r in rows])
+    write_json(args.out, rows, threads=args.threads, reps=args.reps, prompt_tokens=128, statistic="median")
 
 if __name__ == "__main__":
     main()

@@ -14,8 +14,6 @@ bench-out/verify_exactness.json).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from eagle_llamacpp import _native as nat
 from eagle_llamacpp import models
 from eagle_llamacpp.chat import ChatRenderer
 from eagle_llamacpp.draft import TargetModel
+from report import print_table, write_json
 
 PROMPTS = ("Write a Python function that merges two sorted lists.", "Explain why the sky is blue to a child.",
            "Compose a short poem about autumn leaves.")
@@ -85,17 +84,10 @@ def main() -> None:
         rows.append(dict(flash_attn=flash_attn, argmax_changes=changes, positions=compared, max_logit_diff=worst))
 
     print(f"{path.name}, {len(PROMPTS)} prompts x {args.n} tokens, 2-token verify against one-token decoding\n")
-    print("| flash attention | argmax changes | positions | largest logit difference |")
-    print("|---|---|---|---|")
-    for r in rows:
-        print(f"| {'on' if r['flash_attn'] else 'off'} | {r['argmax_changes']} | {r['positions']} | "
-              f"{r['max_logit_diff']:.3f} |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(target=path.name, machine=platform.processor() or platform.machine(), threads=args.threads,
-                prompts=len(PROMPTS), tokens=args.n)
-    args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    print(f"wrote {args.out}", file=sys.stderr)
-
+    print_table(["flash attention", "argmax changes", "positions", "largest logit difference"],
+                [["on" if r["flash_attn"] else "off", r["argmax_changes"], r["positions"], f"{r['max_logit_diff']:.3f}"]
+                 for r in rows])
+    write_json(args.out, rows, target=path.name, threads=args.threads, prompts=len(PROMPTS), tokens=args.n)
 
 if __name__ == "__main__":
     main()
