@@ -26,20 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eagle_llamacpp import _native as nat
 from eagle_llamacpp import models
+from eagle_llamacpp.bench import prefill
 from eagle_llamacpp.draft import TargetModel
 from report import print_table, write_json
 
 SIZES = (1, 2, 4, 8)
 CONTEXTS = (128, 512, 1024)
-
-
-def fill(target: TargetModel, tokens: np.ndarray) -> None:
-    """Decodes tokens into the emptied memory, no logits."""
-    nat.clear_memory(target.ctx)
-    n_batch = nat.llama_cpp.llama_n_batch(target.ctx)
-    for start in range(0, len(tokens), n_batch):
-        chunk = tokens[start:start + n_batch]
-        target.decode(chunk, start + np.arange(len(chunk)), outputs=np.zeros(len(chunk), np.int8))
 
 
 def verify_ms(target: TargetModel, n_past: int, n: int, rng) -> float:
@@ -71,7 +63,7 @@ def bench_model(name: str, reps: int, n_threads: int) -> list[dict]:
     for rep in range(reps + 1):  # repetition 0 allocates the graphs
         for c in CONTEXTS:
             for fa, target in targets.items():
-                fill(target, history[:c])
+                prefill(target, history[:c])
             for n in SIZES:
                 for fa, target in targets.items():
                     ms = verify_ms(target, c, n, rng)

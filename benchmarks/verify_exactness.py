@@ -21,8 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eagle_llamacpp import _native as nat
-from eagle_llamacpp import models
+from eagle_llamacpp import bench, models
 from eagle_llamacpp.chat import ChatRenderer
 from eagle_llamacpp.draft import TargetModel
 from report import print_table, write_json
@@ -32,11 +31,8 @@ PROMPTS = ("Write a Python function that merges two sorted lists.", "Explain why
 
 
 def prefill(target: TargetModel, tokens: list[int]) -> np.ndarray:
-    nat.clear_memory(target.ctx)
-    outputs = np.zeros(len(tokens), np.int8)
-    outputs[-1] = 1
-    target.decode(tokens, np.arange(len(tokens)), outputs=outputs)
-    return target.logits(len(tokens) - 1).copy()
+    """The prompt decoded into the emptied memory; its last token's logits."""
+    return target.logits(bench.prefill(target, tokens)).copy()
 
 
 def compare(target: TargetModel, prompt: list[int], n: int) -> tuple[int, int, float]:
@@ -48,7 +44,7 @@ def compare(target: TargetModel, prompt: list[int], n: int) -> tuple[int, int, f
         reply.append(int(np.argmax(reference[-1])))
         target.decode([reply[-1]], [p + i])
         reference.append(target.logits(0).copy())
-    prefill(target, prompt)
+    bench.prefill(target, prompt)
     changes = compared = 0
     worst = 0.0
     for i in range(n - 1):

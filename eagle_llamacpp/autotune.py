@@ -160,8 +160,9 @@ class AutoPolicy:
         round, and the rounds' draft time then ate what they gained."""
         probs = np.exp(builder.candidate_scores())
         _, rate_now, _ = self._best(probs)
-        n_new = min(builder.top_k * len(builder.frontier_scores()), max(self.verify_ms) - 1)
-        guess = np.outer(np.exp(builder.frontier_scores()), builder.last_conditionals()).ravel()
+        frontier = np.exp(builder.frontier_scores())
+        n_new = min(builder.top_k * len(frontier), max(self.verify_ms) - 1)
+        guess = np.outer(frontier, builder.last_conditionals()).ravel()
         new = np.sort(guess)[::-1][:n_new]
         _, rate_next, _ = self._best(np.sort(np.concatenate([probs, new]))[::-1], extra_ms=self.decode_ms)
         return rate_next > rate_now
