@@ -73,9 +73,11 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
               f"up to {args.tokens} tokens of {what}", file=sys.stderr)
         if args.self_distill:
             shards = distill.generate(target, convs, feature_dir, max_tokens=args.max_len, token_budget=args.tokens,
-                                      temperature=args.distill_temp, seed=args.seed)
+                                      temperature=args.distill_temp, seed=args.seed,
+                                      first_conv=args.first_conversation)
         else:
-            shards = features.extract(target, convs, feature_dir, max_tokens=args.max_len, token_budget=args.tokens)
+            shards = features.extract(target, convs, feature_dir, max_tokens=args.max_len, token_budget=args.tokens,
+                                      first_conv=args.first_conversation)
     finally:
         target.close()
     shards = first_tokens(shards, args.tokens)
@@ -83,7 +85,8 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
     made = {"data": ("self-distilled: the target's replies to ShareGPT first turns, temperature "
                      f"{args.distill_temp}") if args.self_distill else "ShareGPT replies",
             "tokens": manifest["n_tokens"], "seconds": round(manifest["seconds"], 1),
-            "tokens_per_s": round(manifest["n_tokens"] / max(manifest["seconds"], 1e-9), 1)}
+            "tokens_per_s": round(manifest["n_tokens"] / max(manifest["seconds"], 1e-9), 1),
+            "first_conversation": args.first_conversation}
     if args.self_distill:
         made["generated_tokens_per_s"] = round(manifest["generated"] / max(manifest["seconds"], 1e-9), 1)
     print(f"features: {made['tokens']} tokens, {made['tokens_per_s']} tokens/s", file=sys.stderr)
@@ -114,7 +117,8 @@ def cmd_train(args) -> int:
     cfg = train.TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, p_weight=args.p_weight,
                             noise=args.noise, draft_vocab=args.draft_vocab, seed=args.seed, steps=args.steps,
                             step_decay=args.step_decay, init_from_target=args.init_from_target,
-                            intermediate_size=args.intermediate_size, int8=args.int8)
+                            intermediate_size=args.intermediate_size, int8=args.int8,
+                            init_from_head=args.init_from_head or "")
     feature_dir = Path(args.features) if args.features else out / ("distill" if args.self_distill else "features")
     shards, made = make_features(args, target_path, feature_dir)
     if args.features_only:
@@ -138,6 +142,9 @@ def add_train_args(t) -> None:
                    help="train on the target's own replies to ShareGPT prompts (16 generated per decode)")
     t.add_argument("--distill-temp", type=float, default=0.0, help="sampling temperature of those replies (0: greedy)")
     t.add_argument("--features-only", action="store_true", help="stop once the features are made")
+    t.add_argument("--first-conversation", type=int, default=0,
+                   help="a fresh feature folder starts at this ShareGPT conversation (shuffled order): new "
+                        "data past what an earlier head was trained on")
     t.add_argument("--max-len", type=int, default=384, help="tokens per conversation (longer ones are cut)")
     t.add_argument("--epochs", type=int, default=4)
     t.add_argument("--batch-size", type=int, default=8)
@@ -151,6 +158,9 @@ def add_train_args(t) -> None:
     t.add_argument("--step-decay", type=float, default=0.8, help="loss weight of step s: DECAY^(s-1)")
     t.add_argument("--init-from-target", action="store_true",
                    help="start the head's decoder layer as a copy of the target's last layer")
+    t.add_argument("--init-from-head", metavar="DIR",
+                   help="start from a trained head (HF folder, e.g. a shipped one): go on training it on "
+                        "new data")
     t.add_argument("--intermediate-size", type=int, default=0,
                    help="the head's MLP width (default: the target's); with --init-from-target the head "
                         "keeps the target's strongest MLP channels")

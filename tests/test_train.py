@@ -411,3 +411,52 @@ def test_narrow_head_starts_from_the_targets_strongest_mlp_channels(chat_target,
     assert load_head(head).intermediate_size == full // 2
     card = json.loads((head / "training.json").read_text())
     assert card["config"]["intermediate_size"] == full // 2 and card["config"]["int8"] is True
+
+
+def test_training_goes_on_from_a_trained_head(chat_target, shards, trained_draft, tmp_path):
+    """--init-from-head: the run starts from the head's weights (its held-out figures before training
+    are the head's own, up to float16 storage), and a head made for another shape is refused."""
+    head, _ = trained_draft
+    before = json.loads((head / "training.json").read_text())["eval"]
+    cfg = TrainConfig(epochs=1, batch_size=4, lr=1e-3, warmup_steps=2, draft_vocab=80, init_from_head=str(head))
+    went_on = train(chat_target, shards, tmp_path / "more", cfg, n_threads=1, progress=False)
+    card = json.loads((went_on / "training.json").read_text())
+    assert card["eval_before"]["vloss"] == pytest.approx(before["vloss"], rel=2e-2)
+    assert card["eval_before"]["top1"] == pytest.approx(before["top1"], abs=0.05)
+    fresh = json.loads((head / "training.json").read_text())["eval_before"]
+    assert card["eval_before"]["vloss"] < 0.8 * fresh["vloss"]
+    assert card["config"]["init_from_head"] == str(head)
+
+    from eagle_llamacpp.checkpoint import load_head
+    tensors = dict(load_head(head).tensors)
+    net = EagleHeadNet(HeadConfig.from_target(chat_target))
+    tensors["fc.weight"] = tensors["fc.weight"][:, :-2]
+    with pytest.raises(ValueError, match="another target: fc.weight"):
+        net.load_head(tensors)
+    del tensors["fc.weight"]
+    with pytest.raises(ValueError, match="lacks fc.weight"):
+        net.load_head(tensors)
+    with pytest.raises(ValueError, match="exclude each other"):
+        train(chat_target, shards, tmp_path / "both", TrainConfig(init_from_head=str(head), init_from_target=True),
+              n_threads=1, progress=False)
+
+
+def test_new_data_starts_at_the_conversation_asked_for(chat_target, tmp_path):
+    """first_conv: a fresh folder skips the conversations an earlier head was trained on."""
+    from eagle_llamacpp.training.distill import generate
+
+    convs = conversations(24)
+    t = distill_target(chat_target)
+    paths = generate(t, convs, tmp_path / "distill", max_tokens=96, token_budget=10_000, first_conv=20,
+                     progress=False)
+    t.close()
+    t = TargetModel(chat_target, n_ctx=256, n_threads=1)
+    renderer = ChatRenderer(t)
+    prompts = sorted(tuple(renderer.prompt_tokens(c[:1])) for c in convs[20:])
+    seqs = [seq for p in paths for seq in FeatureShard.load(p).sequences()]
+    assert sorted(tuple(tokens[:int(np.argmax(mask))]) for tokens, _, mask in seqs) == prompts
+    paths = extract(t, convs, tmp_path / "features", max_tokens=96, token_budget=10_000, first_conv=20,
+                    progress=False)
+    expected = [tuple(renderer.tokens_and_mask(c, 96)[0]) for c in convs[20:]]
+    t.close()
+    assert [tuple(s[0]) for p in paths for s in FeatureShard.load(p).sequences()] == expected

@@ -48,12 +48,13 @@ def _pick(target: TargetModel, row: int, temperature: float, rng: np.random.Gene
 
 def generate(target: TargetModel, conversations, out_dir: Path, *, max_tokens: int, token_budget: int,
              temperature: float = 0.0, seed: int = 0, shard_tokens: int = 16384,
-             progress: bool = True) -> list[Path]:
+             first_conv: int = 0, progress: bool = True) -> list[Path]:
     """Writes feature shards of the target's own replies (prompt + reply tokens, mask 1 on the
     reply) until token_budget tokens are stored. The context needs n_seq_max slots, n_batch >=
     max_tokens and room for n_seq_max sequences of max_tokens (best not unified: each
-    slot then attends to its own cells only)."""
-    writer = ShardWriter(out_dir, shard_tokens, {"next_conv": 0, "in_flight": [], "generated": 0})
+    slot then attends to its own cells only). A fresh folder starts at conversation first_conv (a
+    resumed one where it stopped), so new data can skip what an earlier head was trained on."""
+    writer = ShardWriter(out_dir, shard_tokens, {"next_conv": first_conv, "in_flight": [], "generated": 0})
     renderer = ChatRenderer(target)
     vocab = nat.llama_cpp.llama_model_get_vocab(target.model)
     n_batch = nat.llama_cpp.llama_n_batch(target.ctx)

@@ -104,12 +104,13 @@ class ShardWriter:
 
 
 def extract(target: TargetModel, conversations, out_dir: Path, *, max_tokens: int, token_budget: int,
-            shard_tokens: int = 16384, progress: bool = True) -> list[Path]:
+            shard_tokens: int = 16384, first_conv: int = 0, progress: bool = True) -> list[Path]:
     """Writes feature shards for conversations until token_budget tokens are stored; resumes from
     the shards already in out_dir (manifest.json records how far each run got). Conversations are
     packed into the target's batches (n_batch tokens, n_seq_max sequences: see packed_features);
-    a batch depends only on where it starts, so a resumed run decodes the same batches."""
-    writer = ShardWriter(out_dir, shard_tokens, {"n_conv": 0})
+    a batch depends only on where it starts, so a resumed run decodes the same batches. A fresh
+    folder starts at conversation first_conv."""
+    writer = ShardWriter(out_dir, shard_tokens, {"n_conv": first_conv})
     renderer = ChatRenderer(target)
     n_batch = nat.llama_cpp.llama_n_batch(target.ctx)
     n_seq = max(1, nat.llama_cpp.llama_n_seq_max(target.ctx))

@@ -189,6 +189,19 @@ class EagleHeadNet(nn.Module):
                 if name in params and gguf_name in tensors:
                     params[name].copy_(torch.tensor(tensors[gguf_name]).reshape(params[name].shape))
 
+    def load_head(self, tensors: dict[str, np.ndarray]) -> None:
+        """Takes a trained head's weights (checkpoint.load_head's float32 tensors, official names) to
+        go on training it; the shapes must be this head's."""
+        own = self.state_dict()
+        missing = sorted(set(own) - set(tensors))
+        if missing:
+            raise ValueError(f"the head to start from lacks {', '.join(missing)}")
+        wrong = [f"{k} {tuple(tensors[k].shape)} (needs {tuple(v.shape)})" for k, v in own.items()
+                 if tuple(tensors[k].shape) != tuple(v.shape)]
+        if wrong:
+            raise ValueError(f"the head to start from was made for another target: {'; '.join(wrong)}")
+        self.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(tensors[k], np.float32)) for k in own})
+
     def save_hf(self, folder: Path, int8: bool = False) -> Path:
         """config.json + model.safetensors in the official EAGLE-1/2 layout: float16, or with
         int8=True its 2-D weights as int8 blocks (checkpoint.int8_blocks, half the size)."""

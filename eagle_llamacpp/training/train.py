@@ -47,6 +47,7 @@ class TrainConfig:
     init_from_target: bool = False  # the head's layer starts as a copy of the target's last layer
     intermediate_size: int = 0  # the head's MLP width (0: the target's); narrower heads ship smaller
     int8: bool = False        # store the head's 2-D weights as int8 blocks (half the size of float16)
+    init_from_head: str = ""  # a trained head's folder to go on training (new data for a shipped head)
 
 
 def target_tensors(target_gguf: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -145,7 +146,15 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
     torch.manual_seed(cfg.seed)
     data = ShardStream(shard_paths)
     hcfg = HeadConfig.from_target(target_gguf)
-    if cfg.intermediate_size:
+    start_head = None
+    if cfg.init_from_head:
+        from ..checkpoint import load_head
+
+        if cfg.init_from_target:
+            raise ValueError("init_from_head and init_from_target exclude each other")
+        start_head = load_head(cfg.init_from_head)
+        hcfg = replace(hcfg, intermediate_size=start_head.intermediate_size)
+    elif cfg.intermediate_size:
         hcfg = replace(hcfg, intermediate_size=cfg.intermediate_size)
     emb, lm_head = target_tensors(target_gguf)
     draft_vocab = count_draft_vocab(data, hcfg.vocab_size, cfg.draft_vocab)
@@ -158,8 +167,11 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
 
     state_path = out_dir / "train_state.pt"
     net = EagleHeadNet(hcfg)
-    if cfg.init_from_target and not state_path.exists():  # a resumed run loads its weights below
-        net.init_from_target_layer(target_last_layer(target_gguf))
+    if not state_path.exists():  # a resumed run loads its weights below
+        if cfg.init_from_target:
+            net.init_from_target_layer(target_last_layer(target_gguf))
+        elif start_head is not None:
+            net.load_head(start_head.tensors)
     net = net.to(device)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) *
