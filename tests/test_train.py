@@ -426,6 +426,7 @@ def test_training_goes_on_from_a_trained_head(chat_target, shards, trained_draft
     fresh = json.loads((head / "training.json").read_text())["eval_before"]
     assert card["eval_before"]["vloss"] < 0.8 * fresh["vloss"]
     assert card["config"]["init_from_head"] == str(head)
+    assert card["started_from"] == json.loads((head / "training.json").read_text())
 
     from eagle_llamacpp.checkpoint import load_head
     tensors = dict(load_head(head).tensors)

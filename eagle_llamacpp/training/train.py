@@ -237,6 +237,9 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
             "final_train": dict(zip(("vloss", "ploss", "top1"), np.mean(history[-50:], axis=0).round(4).tolist()))
             if history else None,
             "eval_before": eval_before, "eval": metrics, **(card_extra or {})}
+    if cfg.init_from_head and (Path(cfg.init_from_head) / "training.json").exists():
+        # the run this one goes on from, so the card can state the head's whole training
+        card["started_from"] = json.loads((Path(cfg.init_from_head) / "training.json").read_text())
     (head_dir / "training.json").write_text(json.dumps(card, indent=2) + "\n")
     return head_dir
 
