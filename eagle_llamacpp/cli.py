@@ -173,16 +173,24 @@ def add_train_args(t) -> None:
 
 
 def bench_drafts(args, target: Path, work: Path) -> dict[str, Path]:
-    """The drafts `bench` compares: -md as given, or --head (or an untrained head) converted once per
-    --draft-vocab size."""
+    """The drafts `bench` compares: -md as given, or each --head (or an untrained head) converted once
+    per --draft-vocab size; with several heads the labels name their folders (the first head also
+    drafts the fixed-tree and llama-server runs)."""
     from . import heads
     from .random_head import head_for_target
 
     if args.draft:
         return {"": Path(args.draft)}
-    head = Path(args.head) if args.head else head_for_target(target, work / "untrained-head")
+    folders = [Path(h) for h in args.head] if args.head else [head_for_target(target, work / "untrained-head")]
+    if len({f.name for f in folders}) < len(folders):
+        raise SystemExit("bench: the --head folders need distinct names (they label the rows)")
     sizes = [int(v) for v in args.draft_vocab.split(",") if v] if args.head else [0]
-    return {("-fullvocab" if n == 0 else f"-vocab{n}"): heads.draft_gguf(head, target, n) for n in sizes}
+    drafts = {}
+    for folder in folders:
+        name = f"-{folder.name}" if len(folders) > 1 else ""
+        for n in sizes:
+            drafts[name + ("-fullvocab" if n == 0 else f"-vocab{n}")] = heads.draft_gguf(folder, target, n)
+    return drafts
 
 
 def cmd_bench(args) -> int:
@@ -205,7 +213,9 @@ def add_bench_args(b) -> None:
     b.add_argument("--target", "-m", required=True, help="target model GGUF")
     drafts = b.add_mutually_exclusive_group(required=True)
     drafts.add_argument("--draft", "-md", help="eagle2 draft GGUF")
-    drafts.add_argument("--head", help="an EAGLE head folder (HF layout), converted for the target per --draft-vocab")
+    drafts.add_argument("--head", action="append",
+                        help="an EAGLE head folder (HF layout), converted for the target per --draft-vocab; "
+                             "repeat it to compare heads in one run")
     drafts.add_argument("--untrained", action="store_true",
                         help="a random head of the target's shape (whole vocabulary): what drafting costs when "
                              "nothing gets accepted")

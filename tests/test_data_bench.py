@@ -67,3 +67,26 @@ def test_summary_ratios_and_acceptance_length():
     assert s["eagle"]["by_category"]["a"]["speedup_vs_plain"] == 2.0
     table = markdown(s, 2)
     assert "| eagle | 10.67 | 2.00 |" in table
+
+
+def test_bench_compares_several_heads_in_one_run(targets, tmp_path, monkeypatch):
+    """`bench --head A --head B`: one auto-tree row per head and draft vocabulary, named by folder."""
+    import argparse
+
+    import pytest
+
+    from eagle_llamacpp.cli import bench_drafts
+    from eagle_llamacpp.random_head import head_for_target
+
+    monkeypatch.setenv("EAGLE_LLAMACPP_CACHE", str(tmp_path / "cache"))
+    target, _ = targets["qwen2"]
+    a, b = head_for_target(target, tmp_path / "old"), head_for_target(target, tmp_path / "new", seed=1)
+    for head in (a, b):
+        (head / "draft_vocab.json").write_text(json.dumps(list(range(3, 300))))
+    drafts = bench_drafts(argparse.Namespace(draft=None, head=[str(a), str(b)], draft_vocab="0,40"), target, tmp_path)
+    assert list(drafts) == ["-old-fullvocab", "-old-vocab40", "-new-fullvocab", "-new-vocab40"]
+    assert len(set(drafts.values())) == 4 and all(p.exists() for p in drafts.values())
+    one = bench_drafts(argparse.Namespace(draft=None, head=[str(a)], draft_vocab="40"), target, tmp_path)
+    assert one == {"-vocab40": drafts["-old-vocab40"]}
+    with pytest.raises(SystemExit, match="distinct names"):
+        bench_drafts(argparse.Namespace(draft=None, head=[str(a), str(a)], draft_vocab="40"), target, tmp_path)
