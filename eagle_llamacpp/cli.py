@@ -86,7 +86,7 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
                      f"{args.distill_temp}") if args.self_distill else "ShareGPT replies",
             "tokens": manifest["n_tokens"], "seconds": round(manifest["seconds"], 1),
             "tokens_per_s": round(manifest["n_tokens"] / max(manifest["seconds"], 1e-9), 1),
-            "first_conversation": args.first_conversation}
+            "first_conversation": manifest.get("first_conv", 0)}
     if args.self_distill:
         made["generated_tokens_per_s"] = round(manifest["generated"] / max(manifest["seconds"], 1e-9), 1)
     print(f"features: {made['tokens']} tokens, {made['tokens_per_s']} tokens/s", file=sys.stderr)

@@ -456,6 +456,7 @@ def test_new_data_starts_at_the_conversation_asked_for(chat_target, tmp_path):
     prompts = sorted(tuple(renderer.prompt_tokens(c[:1])) for c in convs[20:])
     seqs = [seq for p in paths for seq in FeatureShard.load(p).sequences()]
     assert sorted(tuple(tokens[:int(np.argmax(mask))]) for tokens, _, mask in seqs) == prompts
+    assert json.loads((tmp_path / "distill" / "manifest.json").read_text())["first_conv"] == 20
     paths = extract(t, convs, tmp_path / "features", max_tokens=96, token_budget=10_000, first_conv=20,
                     progress=False)
     expected = [tuple(renderer.tokens_and_mask(c, 96)[0]) for c in convs[20:]]

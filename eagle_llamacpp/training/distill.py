@@ -54,7 +54,8 @@ def generate(target: TargetModel, conversations, out_dir: Path, *, max_tokens: i
     max_tokens and room for n_seq_max sequences of max_tokens (best not unified: each
     slot then attends to its own cells only). A fresh folder starts at conversation first_conv (a
     resumed one where it stopped), so new data can skip what an earlier head was trained on."""
-    writer = ShardWriter(out_dir, shard_tokens, {"next_conv": first_conv, "in_flight": [], "generated": 0})
+    writer = ShardWriter(out_dir, shard_tokens, {"first_conv": first_conv, "next_conv": first_conv,
+                                                     "in_flight": [], "generated": 0})
     renderer = ChatRenderer(target)
     vocab = nat.llama_cpp.llama_model_get_vocab(target.model)
     n_batch = nat.llama_cpp.llama_n_batch(target.ctx)

@@ -110,7 +110,7 @@ def extract(target: TargetModel, conversations, out_dir: Path, *, max_tokens: in
     packed into the target's batches (n_batch tokens, n_seq_max sequences: see packed_features);
     a batch depends only on where it starts, so a resumed run decodes the same batches. A fresh
     folder starts at conversation first_conv."""
-    writer = ShardWriter(out_dir, shard_tokens, {"n_conv": first_conv})
+    writer = ShardWriter(out_dir, shard_tokens, {"first_conv": first_conv, "n_conv": first_conv})
     renderer = ChatRenderer(target)
     n_batch = nat.llama_cpp.llama_n_batch(target.ctx)
     n_seq = max(1, nat.llama_cpp.llama_n_seq_max(target.ctx))
