@@ -6,6 +6,7 @@ Equality is exact: a tree decode gives every node the logits of decoding its pat
 time (patch 0004 keeps the committed cells in position order, see test_tree_batch.py)."""
 
 import json
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -195,11 +196,13 @@ def test_auto_tree_is_lossless_and_drafts_only_when_it_pays(head, smollm2, smoll
                     log_path=tmp_path / "auto.log")
     try:
         drafted = rounds = 0
+        rounds_per_request = []
         for p in PROMPTS[:3]:
             got, r = tokens_of(s, p)
             assert got == tokens_of(plain, p)[0], p
             drafted += r["timings"].get("draft_n", 0)
-            rounds += len(got) - 1 - r["timings"].get("draft_n_accepted", 0)
+            rounds_per_request.append(len(got) - 1 - r["timings"].get("draft_n_accepted", 0))
+            rounds += rounds_per_request[-1]
         assert drafted <= 6 * rounds
         if head == "untrained":
             assert drafted <= 6 * max(2, rounds // 20), (drafted, rounds)
@@ -207,3 +210,11 @@ def test_auto_tree_is_lossless_and_drafts_only_when_it_pays(head, smollm2, smoll
         s.close()
     log = (tmp_path / "auto.log").read_text()
     assert "draft-eagle2 auto: verifying  1 tokens takes" in log and "verifying  7 tokens takes" in log
+    # each verify (one slot: each target decode after a draft) refines the start-up table, which stays
+    # non-decreasing in the tree size; the table is logged as each generation begins
+    tables = re.findall(r"verify ms per tree size \((\d+) decodes timed\):((?: \d+: [\d.]+)+)", log)
+    timed = [int(n) for n, _ in tables]
+    assert len(timed) == 3 and timed[0] == 0
+    assert timed[1] >= rounds_per_request[0] // 2 > 0 and timed[2] >= timed[1] + rounds_per_request[1] // 2
+    costs = [float(v) for v in re.findall(r"\d+: ([\d.]+)", tables[-1][1])]
+    assert len(costs) == 7 and costs[0] > 0 and costs == sorted(costs)
