@@ -30,7 +30,7 @@ PROMPTS = ("Write a Python function that merges two sorted lists.", "Explain why
            "Compose a short poem about autumn leaves.")
 
 
-def prefill(target: TargetModel, tokens: list[int]) -> np.ndarray:
+def prompt_logits(target: TargetModel, tokens: list[int]) -> np.ndarray:
     """The prompt decoded into the emptied memory; its last token's logits."""
     return target.logits(bench.prefill(target, tokens)).copy()
 
@@ -38,7 +38,7 @@ def prefill(target: TargetModel, tokens: list[int]) -> np.ndarray:
 def compare(target: TargetModel, prompt: list[int], n: int) -> tuple[int, int, float]:
     """(argmax changes, positions compared, largest |logit difference|) for one prompt."""
     p = len(prompt)
-    reference = [prefill(target, prompt)]
+    reference = [prompt_logits(target, prompt)]
     reply = []
     for i in range(n):
         reply.append(int(np.argmax(reference[-1])))
