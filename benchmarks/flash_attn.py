@@ -7,8 +7,8 @@ every size, on then off), so a change of machine load hits both alike.
     .venv/bin/python benchmarks/flash_attn.py [--models qwen2.5-coder-0.5b] [--reps 5]
 
 Prints a markdown table (median ms, off / on) and writes JSON (default bench-out/flash_attn.json).
-EagleLlama keeps llama.cpp's default (on) all the same: with it off, verify batches rounded
-differently from one-token decoding often enough here to change greedy output (README, Known limits).
+EagleLlama keeps llama.cpp's default (on) all the same: with it off, a tree node off the first
+branch sums its attention in other groups of cells than one-token decoding (README, Known limits).
 """
 
 from __future__ import annotations

@@ -37,6 +37,18 @@ def library_dir() -> Path:
     return Path(env) if env else REPO_ROOT / "build" / "bin"
 
 
+def library_stamp() -> str:
+    """Size and modification time of the libraries in library_dir(): what a rebuild changes, so that
+    timings cached for one build (autotune) are not reused with another's kernels."""
+    parts = []
+    for name in sorted(os.listdir(library_dir())) if library_dir().is_dir() else []:
+        path = library_dir() / name
+        if name.startswith(("libllama", "libggml")) and not path.is_symlink() and path.is_file():
+            st = path.stat()
+            parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
+    return ";".join(parts)
+
+
 def check_patched(cdll) -> None:
     """Raises EagleError unless the ctypes library `cdll` is our patched libllama."""
     missing = [sym for sym in _PATCHED_SYMBOLS if not hasattr(cdll, sym)]

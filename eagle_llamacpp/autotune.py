@@ -35,7 +35,8 @@ def _machine_key(target, n_threads: int, n_gpu_layers: int, flash_attn: bool | N
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    raw = f"{target.path.name}|{st.st_size}|{cpu}|{os.cpu_count()}|{n_threads}|{n_gpu_layers}|{flash_attn}"
+    raw = (f"{target.path.name}|{st.st_size}|{cpu}|{os.cpu_count()}|{n_threads}|{n_gpu_layers}|{flash_attn}|"
+           f"{nat.library_stamp()}")
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
@@ -66,7 +67,8 @@ def measure_verify_ms(target, sizes=SIZES, reps: int = 5) -> dict[int, float]:
 
 def cached_verify_ms(target, *, n_threads: int, n_gpu_layers: int, flash_attn: bool | None,
                      max_tokens: int) -> dict[int, float]:
-    """measure_verify_ms for sizes up to max_tokens, cached per target file, machine and attention kernel."""
+    """measure_verify_ms for sizes up to max_tokens, cached per target file, machine, attention kernel
+    and library build."""
     sizes = [n for n in SIZES if n <= max_tokens]
     path = cache_dir() / "autotune" / f"v2-{_machine_key(target, n_threads, n_gpu_layers, flash_attn)}.json"
     cached = json.loads(path.read_text()) if path.is_file() else {}

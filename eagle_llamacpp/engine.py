@@ -75,8 +75,9 @@ class EagleLlama(CompletionMixin):
     the full vocabulary, so the output does not change, only the speed.
 
     flash_attn: None keeps llama.cpp's "auto" (on, on the CPU). Off decodes faster on the CPU here
-    (benchmarks/flash_attn.py), but there a verify batch then rounds differently from one-token
-    decoding often enough to change greedy output (README, Known limits); True/False force it.
+    (benchmarks/flash_attn.py), and with patch 0006 a chain-shaped verify is then still exact, but a
+    node off the first branch sums its attention over other groups of cells than one-token decoding
+    would, so a near-tie may round the other way (README, Known limits); True/False force it.
     """
 
     def __init__(self, target_gguf: str | os.PathLike, draft_gguf: str | os.PathLike, *, n_ctx: int = 2048,

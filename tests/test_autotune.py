@@ -1,9 +1,12 @@
 """tree="auto"'s policy in plain numbers: the size it picks, when it stops drafting, and how it
 corrects a verify-cost table that was measured off."""
 
+import os
+from types import SimpleNamespace
+
 import numpy as np
 
-from eagle_llamacpp.autotune import MAX_SKIP, AutoPolicy
+from eagle_llamacpp.autotune import MAX_SKIP, AutoPolicy, _machine_key
 from eagle_llamacpp.tree import TreeBuilder
 
 
@@ -129,3 +132,23 @@ def test_observed_verify_times_correct_the_table():
     for _ in range(150):
         policy.observe(n_drafted=1, n_accepted=0, draft_ms=0.0, n_decodes=1, verify_ms=22.0)
     assert policy.verify_ms[2] < 22.1 and policy.verify_ms[1] <= policy.verify_ms[2] <= policy.verify_ms[3]
+
+
+def test_cached_timings_belong_to_one_library_build(tmp_path, monkeypatch):
+    """A rebuilt libggml (other kernels, e.g. a changed patch) must not reuse the last build's timings."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libggml-cpu.so.0.1").write_bytes(b"kernels")
+    os.symlink("libggml-cpu.so.0.1", lib / "libggml-cpu.so")
+    (lib / "README").write_text("not a library")
+    model = tmp_path / "target.gguf"
+    model.write_bytes(b"gguf")
+    target = SimpleNamespace(path=model)
+    monkeypatch.setenv("EAGLE_LLAMACPP_LIB", str(lib))
+    key = _machine_key(target, 2, 0, None)
+    assert _machine_key(target, 2, 0, None) == key
+    (lib / "README").write_text("other text")  # not a library: same build
+    assert _machine_key(target, 2, 0, None) == key
+    (lib / "libggml-cpu.so.0.1").write_bytes(b"other kernels")
+    assert _machine_key(target, 2, 0, None) != key
+    assert _machine_key(target, 2, 0, True) != _machine_key(target, 2, 0, None)

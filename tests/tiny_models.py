@@ -20,8 +20,9 @@ def _vocab():
 
 
 def write_target(path: Path, arch: str, *, n_embd=64, n_layer=2, n_head=4, n_head_kv=4, n_ff=128,
-                 seed=0, tied=False, name=None, chat_template=None) -> dict:
-    """Writes a random target GGUF (f32) and returns its tensors (numpy order) for reference checks."""
+                 seed=0, tied=False, name=None, chat_template=None, f16=False) -> dict:
+    """Writes a random target GGUF (f32; with f16, its matrices in f16 as in an F16 GGUF, norms and
+    biases f32) and returns its tensors (numpy order) for reference checks."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -35,7 +36,7 @@ def write_target(path: Path, arch: str, *, n_embd=64, n_layer=2, n_head=4, n_hea
     w.add_head_count_kv(n_head_kv)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
-    w.add_file_type(0)
+    w.add_file_type(1 if f16 else 0)
     tokens, scores, types = _vocab()
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
@@ -74,6 +75,8 @@ def write_target(path: Path, arch: str, *, n_embd=64, n_layer=2, n_head=4, n_hea
         out[p + "ffn_gate.weight"] = t(n_ff, n_embd)
         out[p + "ffn_up.weight"] = t(n_ff, n_embd)
         out[p + "ffn_down.weight"] = t(n_embd, n_ff)
+    if f16:
+        out = {name: arr.astype(np.float16) if arr.ndim == 2 else arr for name, arr in out.items()}
     for name, arr in out.items():
         w.add_tensor(name, arr)
     w.write_header_to_file()

@@ -1,0 +1,46 @@
+"""A verify batch must give one-token decoding's logits bit for bit: greedy EAGLE output equals the
+target's own only if a near-tie rounds the same way in both.
+
+On the CPU, ggml hands matrix products of 2 or more rows to llamafile's sgemm and a single row to its
+own dot product; for F16 matrices (an F16 model's weights, the K/V cache without flash attention)
+the two summed in another order. Patch 0006 sends a single F16 row through sgemm too.
+"""
+
+import numpy as np
+import pytest
+
+from eagle_llamacpp import _native as nat
+from eagle_llamacpp.draft import TargetModel
+from tiny_models import N_VOCAB, write_target
+
+
+@pytest.fixture(scope="module")
+def f16_target(tiny_dir):
+    path = tiny_dir / "target-llama-f16.gguf"
+    write_target(path, "llama", f16=True, seed=5)
+    return path
+
+
+@pytest.mark.parametrize("flash_attn", [True, False], ids=["fa-on", "fa-off"])
+def test_chain_verify_equals_one_token_decoding_on_f16_weights(f16_target, flash_attn):
+    rng = np.random.default_rng(0)
+    prefix = rng.integers(3, N_VOCAB, 21)
+    chain = rng.integers(3, N_VOCAB, 8)
+    model = TargetModel(f16_target, n_ctx=128, n_batch=32, flash_attn=flash_attn)
+    model.decode(prefix, np.arange(len(prefix)))
+    one_by_one = []
+    for i, token in enumerate(chain):
+        model.decode([token], [len(prefix) + i])
+        one_by_one.append(model.logits(0).copy())
+    for n in range(2, 8):  # the CPU trees the engine verifies: up to 7 tokens
+        for start in (0, 1):
+            nat.seq_rm(model.ctx, 0, len(prefix))
+            if start:  # the verify's root sits after a committed token, as after a round
+                model.decode(chain[:start], len(prefix) + np.arange(start))
+            tokens = chain[start:start + n]
+            model.decode(tokens, len(prefix) + start + np.arange(n), tree=(np.arange(n), np.arange(n) - 1))
+            for j in range(n):
+                got, want = model.logits(j), one_by_one[start + j]
+                assert np.array_equal(got, want), (n, start, j, float(np.max(np.abs(got - want))))
+            model.tree_commit([])
+    model.close()
