@@ -4,7 +4,7 @@ after contexts of several lengths, with llama.cpp's flash attention on and off, 
 prompt batch. Both settings run in one process, interleaved (per repetition: every context length,
 every size, on then off), so a change of machine load hits both alike.
 
-    .venv/bin/python benchmarks/flash_attn.py [--models qwen2.5-coder-0.5b] [--reps 5]
+    .venv/bin/python benchmarks/flash_attn.py [--models qwen2.5-coder-0.5b | --target x.gguf] [--reps 5]
 
 Prints a markdown table (median ms, off / on) and writes JSON (default bench-out/flash_attn.json).
 EagleLlama keeps llama.cpp's default (on) all the same: with it off, a tree node off the first
@@ -51,8 +51,7 @@ def prompt_ms(target: TargetModel, tokens: np.ndarray) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def bench_model(name: str, reps: int, n_threads: int) -> list[dict]:
-    path = models.fetch(models.MODELS[name])
+def bench_model(name: str, path: Path, reps: int, n_threads: int) -> list[dict]:
     n_ctx = max(CONTEXTS) + max(SIZES) + 16
     targets = {fa: TargetModel(path, n_ctx=n_ctx, n_batch=512, n_threads=n_threads, flash_attn=fa)
                for fa in (True, False)}
@@ -89,12 +88,15 @@ def bench_model(name: str, reps: int, n_threads: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["qwen2.5-coder-0.5b"], choices=list(models.MODELS))
+    ap.add_argument("--target", type=Path, help="a GGUF of your own instead of --models")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--out", type=Path, default=Path("bench-out/flash_attn.json"))
     args = ap.parse_args()
 
-    rows = [r for name in args.models for r in bench_model(name, args.reps, args.threads)]
+    targets = ({args.target.name: args.target} if args.target else
+               {name: models.fetch(models.MODELS[name]) for name in args.models})
+    rows = [r for name, path in targets.items() for r in bench_model(name, path, args.reps, args.threads)]
     print_table(["model", "context", "tokens decoded", "flash attention on, ms", "off, ms", "off / on"],
                 [[r["model"], "prompt batch" if r["context"] == 0 else r["context"], r["n"], f"{r['on_ms']:.1f}",
                   f"{r['off_ms']:.1f}", f"{r['off_over_on']:.2f}"] for r in rows])
