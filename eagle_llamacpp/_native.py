@@ -40,12 +40,12 @@ def library_dir() -> Path:
 def library_stamp() -> str:
     """Size and modification time of the libraries in library_dir(): what a rebuild changes, so that
     timings cached for one build (autotune) are not reused with another's kernels."""
+    lib_dir = library_dir()
     parts = []
-    for name in sorted(os.listdir(library_dir())) if library_dir().is_dir() else []:
-        path = library_dir() / name
-        if name.startswith(("libllama", "libggml")) and not path.is_symlink() and path.is_file():
+    for path in sorted(lib_dir.iterdir()) if lib_dir.is_dir() else []:
+        if path.name.startswith(("libllama", "libggml")) and not path.is_symlink() and path.is_file():
             st = path.stat()
-            parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
+            parts.append(f"{path.name}:{st.st_size}:{st.st_mtime_ns}")
     return ";".join(parts)
 
 
