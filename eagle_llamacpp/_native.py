@@ -134,11 +134,9 @@ def last_errors() -> str:
 # --- models and contexts ---------------------------------------------------------------------
 
 def use_extra_bufts() -> bool:
-    # Off by default: on AMX CPUs ggml repacks weights into an extra buffer type, and the draft's
-    # matmuls then segfault in ggml_backend_amx_mul_mat (seen both with the draft's own q8_0
-    # weights and with the target's Q4_1 embeddings that the draft borrows). EAGLE_LLAMACPP_REPACK=1
-    # turns repacking back on.
-    return os.environ.get("EAGLE_LLAMACPP_REPACK") == "1"
+    # ggml's weight repacking, as llama.cpp does by default. On AMX CPUs it used to crash the first
+    # tile instruction (fixed by patch 0007); EAGLE_LLAMACPP_REPACK=0 turns it off.
+    return os.environ.get("EAGLE_LLAMACPP_REPACK", "1") != "0"
 
 
 def load_model(path: str | os.PathLike, n_gpu_layers: int = 0):

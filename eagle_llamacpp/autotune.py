@@ -36,7 +36,7 @@ def _machine_key(target, n_threads: int, n_gpu_layers: int, flash_attn: bool | N
     except (OSError, StopIteration):
         pass
     raw = (f"{target.path.name}|{st.st_size}|{cpu}|{os.cpu_count()}|{n_threads}|{n_gpu_layers}|{flash_attn}|"
-           f"{nat.library_stamp()}")
+           f"{nat.library_stamp()}|{nat.use_extra_bufts()}")
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 

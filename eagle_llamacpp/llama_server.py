@@ -15,7 +15,7 @@ from ._native import EagleError, library_dir, use_extra_bufts
 
 
 def repack_args() -> list[str]:
-    """The same weight-repacking choice as the Python side (_native.py: AMX repacking crashes here)."""
+    """The same weight-repacking choice as the Python side (_native.use_extra_bufts)."""
     return [] if use_extra_bufts() else ["--no-repack"]
 
 
