@@ -5,8 +5,11 @@ prompt batch. Both settings run in one process, interleaved (per repetition: eve
 every size, on then off), so a change of machine load hits both alike.
 
     .venv/bin/python benchmarks/flash_attn.py [--models qwen2.5-coder-0.5b | --target x.gguf] [--reps 5]
+        [--compare repack]
 
-Prints a markdown table (median ms, off / on) and writes JSON (default bench-out/flash_attn.json).
+`--compare repack` times ggml's weight repacking (llama.cpp's extra buffer types: AMX on Intel Xeons)
+on and off instead, flash attention on. Prints a markdown table (median ms, off / on) and writes JSON
+(default bench-out/flash_attn.json, or bench-out/repack.json).
 EagleLlama keeps llama.cpp's default (on) all the same: with it off, a tree node off the first
 branch sums its attention in other groups of cells than one-token decoding (README, Known limits).
 """
@@ -51,27 +54,40 @@ def prompt_ms(target: TargetModel, tokens: np.ndarray) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def bench_model(name: str, path: Path, reps: int, n_threads: int) -> list[dict]:
+def load_target(path: Path, n_threads: int, setting: str, on: bool) -> TargetModel:
     n_ctx = max(CONTEXTS) + max(SIZES) + 16
-    targets = {fa: TargetModel(path, n_ctx=n_ctx, n_batch=512, n_threads=n_threads, flash_attn=fa)
-               for fa in (True, False)}
+    if setting == "flash-attn":
+        return TargetModel(path, n_ctx=n_ctx, n_batch=512, n_threads=n_threads, flash_attn=on)
+    saved = os.environ.get("EAGLE_LLAMACPP_REPACK")
+    os.environ["EAGLE_LLAMACPP_REPACK"] = "1" if on else "0"  # read when the model loads
+    try:
+        return TargetModel(path, n_ctx=n_ctx, n_batch=512, n_threads=n_threads)
+    finally:
+        if saved is None:
+            del os.environ["EAGLE_LLAMACPP_REPACK"]
+        else:
+            os.environ["EAGLE_LLAMACPP_REPACK"] = saved
+
+
+def bench_model(name: str, path: Path, reps: int, n_threads: int, setting: str = "flash-attn") -> list[dict]:
+    targets = {on: load_target(path, n_threads, setting, on) for on in (True, False)}
     rng = np.random.default_rng(0)
     history = rng.integers(0, targets[True].n_vocab, max(CONTEXTS))
-    times = {(fa, c, n): [] for fa in targets for c in CONTEXTS for n in SIZES}
-    pp = {fa: [] for fa in targets}
+    times = {(on, c, n): [] for on in targets for c in CONTEXTS for n in SIZES}
+    pp = {on: [] for on in targets}
     for rep in range(reps + 1):  # repetition 0 allocates the graphs
         for c in CONTEXTS:
-            for fa, target in targets.items():
+            for on, target in targets.items():
                 prefill(target, history[:c])
             for n in SIZES:
-                for fa, target in targets.items():
+                for on, target in targets.items():
                     ms = verify_ms(target, c, n, rng)
                     if rep:
-                        times[fa, c, n].append(ms)
-        for fa, target in targets.items():
+                        times[on, c, n].append(ms)
+        for on, target in targets.items():
             ms = prompt_ms(target, history[:512])
             if rep:
-                pp[fa].append(ms)
+                pp[on].append(ms)
         print(f"  {name}: repetition {rep}/{reps}", file=sys.stderr)
     for target in targets.values():
         target.close()
@@ -91,16 +107,20 @@ def main() -> None:
     ap.add_argument("--target", type=Path, help="a GGUF of your own instead of --models")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--out", type=Path, default=Path("bench-out/flash_attn.json"))
+    ap.add_argument("--compare", choices=["flash-attn", "repack"], default="flash-attn")
+    ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    out = args.out or Path(f"bench-out/{args.compare.replace('-', '_')}.json")
 
     targets = ({args.target.name: args.target} if args.target else
                {name: models.fetch(models.MODELS[name]) for name in args.models})
-    rows = [r for name, path in targets.items() for r in bench_model(name, path, args.reps, args.threads)]
-    print_table(["model", "context", "tokens decoded", "flash attention on, ms", "off, ms", "off / on"],
+    rows = [r for name, path in targets.items()
+            for r in bench_model(name, path, args.reps, args.threads, args.compare)]
+    label = "flash attention" if args.compare == "flash-attn" else "repacking"
+    print_table(["model", "context", "tokens decoded", f"{label} on, ms", "off, ms", "off / on"],
                 [[r["model"], "prompt batch" if r["context"] == 0 else r["context"], r["n"], f"{r['on_ms']:.1f}",
                   f"{r['off_ms']:.1f}", f"{r['off_over_on']:.2f}"] for r in rows])
-    write_json(args.out, rows, threads=args.threads, reps=args.reps, statistic="median")
+    write_json(out, rows, threads=args.threads, reps=args.reps, statistic="median", compare=args.compare)
 
 if __name__ == "__main__":
     main()
