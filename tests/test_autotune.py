@@ -152,3 +152,16 @@ def test_cached_timings_belong_to_one_library_build(tmp_path, monkeypatch):
     (lib / "libggml-cpu.so.0.1").write_bytes(b"other kernels")
     assert _machine_key(target, 2, 0, None) != key
     assert _machine_key(target, 2, 0, True) != _machine_key(target, 2, 0, None)
+
+
+def test_cached_timings_belong_to_one_repacking_setting(tmp_path, monkeypatch):
+    """Repacked weights run other kernels (AMX), so the two settings keep separate verify tables."""
+    model = tmp_path / "target.gguf"
+    model.write_bytes(b"gguf")
+    target = SimpleNamespace(path=model)
+    monkeypatch.delenv("EAGLE_LLAMACPP_REPACK", raising=False)
+    default = _machine_key(target, 2, 0, None)
+    monkeypatch.setenv("EAGLE_LLAMACPP_REPACK", "1")
+    assert _machine_key(target, 2, 0, None) == default  # on by default, as in llama.cpp
+    monkeypatch.setenv("EAGLE_LLAMACPP_REPACK", "0")
+    assert _machine_key(target, 2, 0, None) != default

@@ -3,7 +3,9 @@ target's own only if a near-tie rounds the same way in both.
 
 On the CPU, ggml hands matrix products of 2 or more rows to llamafile's sgemm and a single row to its
 own dot product; for F16 matrices (an F16 model's weights, the K/V cache without flash attention)
-the two summed in another order. Patch 0006 sends a single F16 row through sgemm too.
+the two summed in another order. Patch 0006 sends a single F16 row through sgemm too. On AMX CPUs
+(repacked weights) a batch of 2-4 rows runs the single-row kernel once per row (patch 0008), and 5-7
+rows run AMX tiles, which round as that kernel does.
 """
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 
 from eagle_llamacpp import _native as nat
 from eagle_llamacpp.draft import TargetModel
-from tiny_models import N_VOCAB, write_target
+from tiny_models import write_target
 
 
 @pytest.fixture(scope="module")
@@ -21,12 +23,11 @@ def f16_target(tiny_dir):
     return path
 
 
-@pytest.mark.parametrize("flash_attn", [True, False], ids=["fa-on", "fa-off"])
-def test_chain_verify_equals_one_token_decoding_on_f16_weights(f16_target, flash_attn):
+def assert_chains_verify_exactly(path, flash_attn):
+    model = TargetModel(path, n_ctx=128, n_batch=32, flash_attn=flash_attn)
     rng = np.random.default_rng(0)
-    prefix = rng.integers(3, N_VOCAB, 21)
-    chain = rng.integers(3, N_VOCAB, 8)
-    model = TargetModel(f16_target, n_ctx=128, n_batch=32, flash_attn=flash_attn)
+    prefix = rng.integers(3, model.n_vocab, 21)
+    chain = rng.integers(3, model.n_vocab, 8)
     model.decode(prefix, np.arange(len(prefix)))
     one_by_one = []
     for i, token in enumerate(chain):
@@ -44,3 +45,13 @@ def test_chain_verify_equals_one_token_decoding_on_f16_weights(f16_target, flash
                 assert np.array_equal(got, want), (n, start, j, float(np.max(np.abs(got - want))))
             model.tree_commit([])
     model.close()
+
+
+@pytest.mark.parametrize("flash_attn", [True, False], ids=["fa-on", "fa-off"])
+def test_chain_verify_equals_one_token_decoding_on_f16_weights(f16_target, flash_attn):
+    assert_chains_verify_exactly(f16_target, flash_attn)
+
+
+def test_chain_verify_equals_one_token_decoding_on_smollm2(smollm2):
+    """A real quantized model (Q4_1), with weight repacking as set (on by default, as in llama.cpp)."""
+    assert_chains_verify_exactly(smollm2, flash_attn=True)
