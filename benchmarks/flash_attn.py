@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""What flash attention does to decoding on this machine: one token and verify batches of N tokens
-after contexts of several lengths, with llama.cpp's flash attention on and off, plus a 512-token
+"""What flash attention (or weight repacking) does to decoding on this machine: one token and verify
+batches of N tokens after contexts of several lengths, with the setting on and off, plus a 512-token
 prompt batch. Both settings run in one process, interleaved (per repetition: every context length,
 every size, on then off), so a change of machine load hits both alike.
 
@@ -10,7 +10,7 @@ every size, on then off), so a change of machine load hits both alike.
 `--compare repack` times ggml's weight repacking (llama.cpp's extra buffer types: AMX on Intel Xeons)
 on and off instead, flash attention on. Prints a markdown table (median ms, off / on) and writes JSON
 (default bench-out/flash_attn.json, or bench-out/repack.json).
-EagleLlama keeps llama.cpp's default (on) all the same: with it off, a tree node off the first
+EagleLlama keeps flash attention on (llama.cpp's default) all the same: with it off, a tree node off the first
 branch sums its attention in other groups of cells than one-token decoding (README, Known limits).
 """
 
