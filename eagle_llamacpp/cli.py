@@ -60,6 +60,12 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
     from .draft import TargetModel
     from .training import distill, features
 
+    made_by = feature_dir / "manifest.json"
+    if not args.self_distill and made_by.is_file() and "generated" in json.loads(made_by.read_text()):
+        # a self-distilled folder (its manifest counts generated tokens): go on distilling into it
+        # rather than add ShareGPT's replies, and say so on the card
+        print(f"{feature_dir}: self-distilled features, so --self-distill", file=sys.stderr)
+        args.self_distill = True
     n_batch = max(EXTRACT_BATCH, args.max_len)
     # self-distill keeps every slot in the KV cache, each in its own stream (attention reads only
     # its own slot's cells); extraction packs a batch of conversations into one stream

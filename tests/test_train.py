@@ -462,3 +462,19 @@ def test_new_data_starts_at_the_conversation_asked_for(chat_target, tmp_path):
     expected = [tuple(renderer.tokens_and_mask(c, 96)[0]) for c in convs[20:]]
     t.close()
     assert [tuple(s[0]) for p in paths for s in FeatureShard.load(p).sequences()] == expected
+
+
+def test_a_self_distilled_folder_stays_self_distilled(chat_target, distilled, monkeypatch):
+    """`train --features <self-distilled folder>` without --self-distill: the run goes on distilling
+    into it (ShareGPT's own replies are never mixed in) and the card says self-distilled."""
+    import argparse
+
+    from eagle_llamacpp import cli, data
+
+    monkeypatch.setattr(data, "training_conversations", lambda: conversations(24))
+    args = argparse.Namespace(self_distill=False, distill_temp=0.0, max_len=96, threads=1, tokens=100, seed=0,
+                              first_conversation=0)
+    shards, made = cli.make_features(args, chat_target, distilled[0].parent)
+    assert args.self_distill
+    assert made["data"].startswith("self-distilled") and "generated_tokens_per_s" in made
+    assert shards == distilled[:len(shards)]
