@@ -49,6 +49,7 @@ def cmd_demo(args) -> int:
     return 0
 
 
+DEFAULT_TOKENS = 100_000  # train --tokens
 EXTRACT_BATCH = 1024  # tokens per feature-extraction decode
 EXTRACT_SEQS = 16     # conversations per feature-extraction decode, at most; replies per self-distill decode
 
@@ -60,12 +61,15 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
     from .draft import TargetModel
     from .training import distill, features
 
-    made_by = feature_dir / "manifest.json"
-    if not args.self_distill and made_by.is_file() and "generated" in json.loads(made_by.read_text()):
+    manifest_path = feature_dir / "manifest.json"
+    made_by = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    if not args.self_distill and "generated" in made_by:
         # a self-distilled folder (its manifest counts generated tokens): go on distilling into it
         # rather than add ShareGPT's replies, and say so on the card
         print(f"{feature_dir}: self-distilled features, so --self-distill", file=sys.stderr)
         args.self_distill = True
+    if args.tokens is None:  # all that the folder holds, at least the default
+        args.tokens = max(DEFAULT_TOKENS, made_by.get("n_tokens", 0))
     n_batch = max(EXTRACT_BATCH, args.max_len)
     # self-distill keeps every slot in the KV cache, each in its own stream (attention reads only
     # its own slot's cells); extraction packs a batch of conversations into one stream
@@ -143,7 +147,8 @@ def add_train_args(t) -> None:
     t.add_argument("--out", "-o", required=True, help="work folder: features, resumable checkpoints, head/")
     t.add_argument("--features", help="feature folder (default: OUT/features, or OUT/distill with --self-distill); "
                                       "several heads can train on one")
-    t.add_argument("--tokens", type=int, default=100_000, help="tokens of features (prompts and replies) to make and train on")
+    t.add_argument("--tokens", type=int, help=f"tokens of features (prompts and replies) to make and train on "
+                   f"(default: {DEFAULT_TOKENS}, or all that a --features folder holds if more)")
     t.add_argument("--self-distill", action="store_true",
                    help="train on the target's own replies to ShareGPT prompts (16 generated per decode)")
     t.add_argument("--distill-temp", type=float, default=0.0, help="sampling temperature of those replies (0: greedy)")

@@ -478,3 +478,19 @@ def test_a_self_distilled_folder_stays_self_distilled(chat_target, distilled, mo
     assert args.self_distill
     assert made["data"].startswith("self-distilled") and "generated_tokens_per_s" in made
     assert shards == distilled[:len(shards)]
+
+
+def test_a_features_folder_trains_on_all_it_holds_by_default(chat_target, distilled, monkeypatch):
+    """Without --tokens, a --features folder bigger than the default trains on all of it, not on its
+    first DEFAULT_TOKENS tokens."""
+    import argparse
+
+    from eagle_llamacpp import cli, data
+
+    monkeypatch.setattr(data, "training_conversations", lambda: conversations(24))
+    monkeypatch.setattr(cli, "DEFAULT_TOKENS", 10)
+    args = argparse.Namespace(self_distill=True, distill_temp=0.0, max_len=96, threads=1, tokens=None, seed=0,
+                              first_conversation=0)
+    shards, made = cli.make_features(args, chat_target, distilled[0].parent)
+    assert args.tokens == made["tokens"] > 10
+    assert shards == distilled
