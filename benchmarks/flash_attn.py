@@ -10,8 +10,9 @@ every size, on then off), so a change of machine load hits both alike.
 `--compare repack` times ggml's weight repacking (llama.cpp's extra buffer types: AMX on Intel Xeons)
 on and off instead, flash attention on. Prints a markdown table (median ms, off / on) and writes JSON
 (default bench-out/flash_attn.json, or bench-out/repack.json).
-EagleLlama keeps flash attention on (llama.cpp's default) all the same: with it off, a tree node off the first
-branch sums its attention in other groups of cells than one-token decoding (README, Known limits).
+EagleLlama keeps flash attention on (llama.cpp's default) all the same: with it off, a tree node
+off the first branch sums its attention in other groups of cells than one-token decoding (README,
+Known limits).
 """
 
 from __future__ import annotations
@@ -58,15 +59,7 @@ def load_target(path: Path, n_threads: int, setting: str, on: bool) -> TargetMod
     n_ctx = max(CONTEXTS) + max(SIZES) + 16
     if setting == "flash-attn":
         return TargetModel(path, n_ctx=n_ctx, n_batch=512, n_threads=n_threads, flash_attn=on)
-    saved = os.environ.get("EAGLE_LLAMACPP_REPACK")
-    os.environ["EAGLE_LLAMACPP_REPACK"] = "1" if on else "0"  # read when the model loads
-    try:
-        return TargetModel(path, n_ctx=n_ctx, n_batch=512, n_threads=n_threads)
-    finally:
-        if saved is None:
-            del os.environ["EAGLE_LLAMACPP_REPACK"]
-        else:
-            os.environ["EAGLE_LLAMACPP_REPACK"] = saved
+    return TargetModel(path, n_ctx=n_ctx, n_batch=512, n_threads=n_threads, repack=on)
 
 
 def bench_model(name: str, path: Path, reps: int, n_threads: int, setting: str = "flash-attn") -> list[dict]:

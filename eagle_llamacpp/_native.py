@@ -139,13 +139,14 @@ def use_extra_bufts() -> bool:
     return os.environ.get("EAGLE_LLAMACPP_REPACK", "1") != "0"
 
 
-def load_model(path: str | os.PathLike, n_gpu_layers: int = 0):
+def load_model(path: str | os.PathLike, n_gpu_layers: int = 0, repack: bool | None = None):
+    """repack: ggml's weight repacking for this model (default: use_extra_bufts())."""
     path = Path(path)
     if not path.is_file():
         raise EagleError(f"{path}: no such file")
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
-    params.use_extra_bufts = use_extra_bufts()
+    params.use_extra_bufts = use_extra_bufts() if repack is None else repack
     last_errors()
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     if not model:

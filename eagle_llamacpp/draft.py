@@ -34,9 +34,9 @@ class TargetModel(_ModelContext):
 
     def __init__(self, path: str | Path, *, n_ctx: int = 2048, n_batch: int = 512, n_threads: int = 2,
                  n_gpu_layers: int = 0, flash_attn: bool | None = None, n_seq_max: int = 1,
-                 kv_unified: bool = True, n_ubatch: int | None = None):
+                 kv_unified: bool = True, n_ubatch: int | None = None, repack: bool | None = None):
         self.path = Path(path)
-        self.model = nat.load_model(self.path, n_gpu_layers)
+        self.model = nat.load_model(self.path, n_gpu_layers, repack)
         self.arch = nat.model_arch(self.model)
         self.n_embd = nat.n_embd(self.model)
         self.n_vocab = nat.n_vocab(self.model)

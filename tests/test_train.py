@@ -464,16 +464,21 @@ def test_new_data_starts_at_the_conversation_asked_for(chat_target, tmp_path):
     assert [tuple(s[0]) for p in paths for s in FeatureShard.load(p).sequences()] == expected
 
 
+def make_features_args(**given):
+    """`train`'s feature options as the CLI parses them, over make_features' tiny test data."""
+    import argparse
+
+    return argparse.Namespace(**{**dict(self_distill=False, distill_temp=0.0, max_len=96, threads=1, tokens=None,
+                                        seed=0, first_conversation=0), **given})
+
+
 def test_a_self_distilled_folder_stays_self_distilled(chat_target, distilled, monkeypatch):
     """`train --features <self-distilled folder>` without --self-distill: the run goes on distilling
     into it (ShareGPT's own replies are never mixed in) and the card says self-distilled."""
-    import argparse
-
     from eagle_llamacpp import cli, data
 
     monkeypatch.setattr(data, "training_conversations", lambda: conversations(24))
-    args = argparse.Namespace(self_distill=False, distill_temp=0.0, max_len=96, threads=1, tokens=100, seed=0,
-                              first_conversation=0)
+    args = make_features_args(tokens=100)
     shards, made = cli.make_features(args, chat_target, distilled[0].parent)
     assert args.self_distill
     assert made["data"].startswith("self-distilled") and "generated_tokens_per_s" in made
@@ -483,14 +488,11 @@ def test_a_self_distilled_folder_stays_self_distilled(chat_target, distilled, mo
 def test_a_features_folder_trains_on_all_it_holds_by_default(chat_target, distilled, monkeypatch):
     """Without --tokens, a --features folder bigger than the default trains on all of it, not on its
     first DEFAULT_TOKENS tokens."""
-    import argparse
-
     from eagle_llamacpp import cli, data
 
     monkeypatch.setattr(data, "training_conversations", lambda: conversations(24))
     monkeypatch.setattr(cli, "DEFAULT_TOKENS", 10)
-    args = argparse.Namespace(self_distill=True, distill_temp=0.0, max_len=96, threads=1, tokens=None, seed=0,
-                              first_conversation=0)
+    args = make_features_args(self_distill=True)
     shards, made = cli.make_features(args, chat_target, distilled[0].parent)
     assert args.tokens == made["tokens"] > 10
     assert shards == distilled
