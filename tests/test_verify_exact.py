@@ -5,7 +5,8 @@ On the CPU, ggml hands matrix products of 2 or more rows to llamafile's sgemm an
 own dot product; for F16 matrices (an F16 model's weights, the K/V cache without flash attention)
 the two summed in another order. Patch 0006 sends a single F16 row through sgemm too. On AMX CPUs
 (repacked weights) a batch of 2-4 rows runs the single-row kernel once per row (patch 0008), and 5-7
-rows run AMX tiles, which round as that kernel does.
+rows run AMX tiles, which round as that kernel does. Q5_0 matrices are repacked as Q8_0 there
+(patch 0009) and take the same kernels.
 """
 
 import numpy as np
@@ -55,3 +56,27 @@ def test_chain_verify_equals_one_token_decoding_on_f16_weights(f16_target, flash
 def test_chain_verify_equals_one_token_decoding_on_smollm2(smollm2):
     """A real quantized model (Q4_1), with weight repacking as set (on by default, as in llama.cpp)."""
     assert_chains_verify_exactly(smollm2, flash_attn=True)
+
+
+@pytest.fixture(scope="module")
+def q5_0_target(tiny_dir):
+    path = tiny_dir / "target-qwen2-q5_0.gguf"
+    write_target(path, "qwen2", n_head_kv=2, q5_0=True, seed=6)
+    return path
+
+
+def test_chain_verify_equals_one_token_decoding_on_q5_0_weights(q5_0_target):
+    assert_chains_verify_exactly(q5_0_target, flash_attn=True)
+
+
+def test_repacked_q5_0_weights_give_the_logits_of_unrepacked_ones(q5_0_target):
+    """Repacking widens Q5_0 to Q8_0 exactly: only the summation order may differ."""
+    tokens = np.random.default_rng(1).integers(3, 320, 12)
+    logits = {}
+    for repack in (False, True):
+        model = TargetModel(q5_0_target, n_ctx=64, n_batch=16, repack=repack)
+        model.decode(tokens, np.arange(len(tokens)))
+        logits[repack] = model.logits(len(tokens) - 1).copy()
+        model.close()
+    assert np.abs(logits[False]).max() > 0.1
+    np.testing.assert_allclose(logits[True], logits[False], rtol=0, atol=1e-4)
