@@ -6,7 +6,8 @@ own dot product; for F16 matrices (an F16 model's weights, the K/V cache without
 the two summed in another order. Patch 0006 sends a single F16 row through sgemm too. On AMX CPUs
 (repacked weights) a batch of 2-4 rows runs the single-row kernel once per row (patch 0008), and 5-7
 rows run AMX tiles, which round as that kernel does. Q5_0 matrices are repacked as Q8_0 there
-(patch 0009) and take the same kernels.
+(patch 0009), and the Q8_0 kernel takes 2-4 rows in one call, each row summed in the single-row
+order (patch 0010).
 """
 
 import numpy as np
