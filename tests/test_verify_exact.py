@@ -6,8 +6,10 @@ own dot product; for F16 matrices (an F16 model's weights, the K/V cache without
 the two summed in another order. Patch 0006 sends a single F16 row through sgemm too. On AMX CPUs
 (repacked weights) a batch of 2-4 rows runs the single-row kernel once per row (patch 0008), and 5-7
 rows run AMX tiles, which round as that kernel does. Q5_0 matrices are repacked as Q8_0 there
-(patch 0009), and the Q8_0 kernel takes 2-4 rows in one call, each row summed in the single-row
-order (patch 0010).
+(patch 0009), and the Q8_0, Q4_K and Q6_K kernels take 2-4 rows in one call, each row summed in
+the single-row order (patch 0010). And CPU flash attention splits a single row's KV cells across threads once the
+cache view holds 512 cells (past 256 tokens), which summed that row in another order than a batch
+gets: patch 0011 leaves that split out.
 """
 
 import numpy as np
@@ -25,10 +27,10 @@ def f16_target(tiny_dir):
     return path
 
 
-def assert_chains_verify_exactly(path, flash_attn):
-    model = TargetModel(path, n_ctx=128, n_batch=32, flash_attn=flash_attn)
+def assert_chains_verify_exactly(path, flash_attn, n_prefix=21):
+    model = TargetModel(path, n_ctx=n_prefix + 64, n_batch=max(32, n_prefix), flash_attn=flash_attn)
     rng = np.random.default_rng(0)
-    prefix = rng.integers(3, model.n_vocab, 21)
+    prefix = rng.integers(3, model.n_vocab, n_prefix)
     chain = rng.integers(3, model.n_vocab, 8)
     model.decode(prefix, np.arange(len(prefix)))
     one_by_one = []
@@ -52,6 +54,10 @@ def assert_chains_verify_exactly(path, flash_attn):
 @pytest.mark.parametrize("flash_attn", [True, False], ids=["fa-on", "fa-off"])
 def test_chain_verify_equals_one_token_decoding_on_f16_weights(f16_target, flash_attn):
     assert_chains_verify_exactly(f16_target, flash_attn)
+
+
+def test_chain_verify_equals_one_token_decoding_past_256_tokens(f16_target):
+    assert_chains_verify_exactly(f16_target, flash_attn=True, n_prefix=300)
 
 
 def test_chain_verify_equals_one_token_decoding_on_smollm2(smollm2):
