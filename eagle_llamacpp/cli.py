@@ -61,8 +61,7 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
     from .draft import TargetModel
     from .training import distill, features
 
-    manifest_path = feature_dir / "manifest.json"
-    made_by = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    made_by = features.read_manifest(feature_dir)
     if not args.self_distill and "generated" in made_by:
         # a self-distilled folder (its manifest counts generated tokens): go on distilling into it
         # rather than add ShareGPT's replies, and say so on the card
@@ -91,7 +90,7 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
     finally:
         target.close()
     shards = first_tokens(shards, args.tokens)
-    manifest = json.loads((feature_dir / "manifest.json").read_text())
+    manifest = features.read_manifest(feature_dir)
     made = {"data": ("self-distilled: the target's replies to ShareGPT first turns, temperature "
                      f"{args.distill_temp}") if args.self_distill else "ShareGPT replies",
             "tokens": manifest["n_tokens"], "seconds": round(manifest["seconds"], 1),

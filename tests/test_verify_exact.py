@@ -17,7 +17,7 @@ import pytest
 
 from eagle_llamacpp import _native as nat
 from eagle_llamacpp.draft import TargetModel
-from tiny_models import write_target
+from tiny_models import N_VOCAB, write_target
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_chain_verify_equals_one_token_decoding_on_q5_0_weights(q5_0_target):
 
 def test_repacked_q5_0_weights_give_the_logits_of_unrepacked_ones(q5_0_target):
     """Repacking widens Q5_0 to Q8_0 exactly: only the summation order may differ."""
-    tokens = np.random.default_rng(1).integers(3, 320, 12)
+    tokens = np.random.default_rng(1).integers(3, N_VOCAB, 12)
     logits = {}
     for repack in (False, True):
         model = TargetModel(q5_0_target, n_ctx=64, n_batch=16, repack=repack)

@@ -53,6 +53,15 @@ def packed_features(target: TargetModel, seqs: list[np.ndarray]) -> list[np.ndar
     return np.split(feats, np.cumsum(lengths)[:-1])
 
 
+MANIFEST = "manifest.json"
+
+
+def read_manifest(folder: Path) -> dict:
+    """A feature folder's manifest (see ShardWriter); {} for a folder not started yet."""
+    path = Path(folder) / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 class ShardWriter:
     """Appends sequences to numbered shards in a folder; manifest.json records the shards, the
     tokens stored, the wall time spent and whatever the producer needs to resume (`state`)."""
@@ -60,9 +69,8 @@ class ShardWriter:
     def __init__(self, out_dir: Path, shard_tokens: int, state: dict):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.out_dir / "manifest.json"
-        fresh = {"shards": [], "n_tokens": 0, "seconds": 0.0, **state}
-        self.manifest = {**fresh, **json.loads(self.path.read_text())} if self.path.exists() else fresh
+        self.path = self.out_dir / MANIFEST
+        self.manifest = {"shards": [], "n_tokens": 0, "seconds": 0.0, **state, **read_manifest(self.out_dir)}
         self.shard_tokens = shard_tokens
         self.pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.t_last = time.perf_counter()
