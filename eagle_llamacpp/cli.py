@@ -55,13 +55,16 @@ EXTRACT_SEQS = 16     # conversations per feature-extraction decode, at most; re
 
 
 def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path], dict]:
-    """ShareGPT features (its own replies), or the target's own replies with --self-distill; resumes
-    from feature_dir. Returns the shards and how they were made (for the card)."""
+    """ShareGPT features (its own replies), the target's own replies with --self-distill, or the
+    sequences of other feature folders with --tokens-from; resumes from feature_dir. Returns the
+    shards and how they were made (for the card)."""
     from . import data
     from .draft import TargetModel
     from .training import distill, features
 
     made_by = features.read_manifest(feature_dir)
+    if args.tokens_from or "tokens_from" in made_by:
+        return reencoded_features(args, target_path, feature_dir)
     if not args.self_distill and "generated" in made_by:
         # a self-distilled folder (its manifest counts generated tokens): go on distilling into it
         # rather than add ShareGPT's replies, and say so on the card
@@ -98,6 +101,39 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
             "first_conversation": manifest.get("first_conv", 0)}
     if args.self_distill:
         made["generated_tokens_per_s"] = round(manifest["generated"] / max(manifest["seconds"], 1e-9), 1)
+    print(f"features: {made['tokens']} tokens, {made['tokens_per_s']} tokens/s", file=sys.stderr)
+    return shards, made
+
+
+def reencoded_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path], dict]:
+    """The target's features for the sequences of the --tokens-from folders (see features.reencode)."""
+    from .draft import TargetModel
+    from .training import features
+
+    made_by = features.read_manifest(feature_dir)
+    sources = [Path(s) for s in (args.tokens_from or made_by["tokens_from"])]
+    if args.tokens is None:
+        args.tokens = max(DEFAULT_TOKENS, made_by.get("n_tokens", 0))
+    n_batch = max(EXTRACT_BATCH, args.max_len)
+    target = TargetModel(target_path, n_ctx=n_batch, n_batch=n_batch, n_threads=args.threads or 2,
+                         n_seq_max=EXTRACT_SEQS)
+    try:
+        print(f"up to {args.tokens} tokens of features for the sequences of {', '.join(map(str, sources))}",
+              file=sys.stderr)
+        shards = features.reencode(target, sources, feature_dir, token_budget=args.tokens)
+    finally:
+        target.close()
+    shards = first_tokens(shards, args.tokens)
+    manifest = features.read_manifest(feature_dir)
+    data = sorted({"self-distilled replies" if "generated" in features.read_manifest(s) else "ShareGPT replies"
+                   for s in sources})
+    made = {"data": f"{' and '.join(data)} of another model with this tokenizer ({len(sources)} feature "
+                    "folders), re-encoded by this target",
+            "tokens": manifest["n_tokens"], "seconds": round(manifest["seconds"], 1),
+            "tokens_per_s": round(manifest["n_tokens"] / max(manifest["seconds"], 1e-9), 1),
+            "tokens_from": [{"folder": str(s), **{k: v for k, v in features.read_manifest(s).items()
+                                                  if k in ("first_conv", "next_conv", "n_conv", "n_tokens")}}
+                           for s in sources]}
     print(f"features: {made['tokens']} tokens, {made['tokens_per_s']} tokens/s", file=sys.stderr)
     return shards, made
 
@@ -152,6 +188,9 @@ def add_train_args(t) -> None:
                    help="train on the target's own replies to ShareGPT prompts (16 generated per decode)")
     t.add_argument("--distill-temp", type=float, default=0.0, help="sampling temperature of those replies (0: greedy)")
     t.add_argument("--features-only", action="store_true", help="stop once the features are made")
+    t.add_argument("--tokens-from", nargs="+", metavar="DIR",
+                   help="make the features for the sequences of these feature folders (e.g. replies that a "
+                        "smaller model with the same tokenizer self-distilled) instead of new text")
     t.add_argument("--first-conversation", type=int, default=0,
                    help="a fresh feature folder starts at this ShareGPT conversation (shuffled order): new "
                         "data past what an earlier head was trained on")

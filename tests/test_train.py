@@ -469,7 +469,7 @@ def make_features_args(**given):
     import argparse
 
     return argparse.Namespace(**{**dict(self_distill=False, distill_temp=0.0, max_len=96, threads=1, tokens=None,
-                                        seed=0, first_conversation=0), **given})
+                                        seed=0, first_conversation=0, tokens_from=None), **given})
 
 
 def test_a_self_distilled_folder_stays_self_distilled(chat_target, distilled, monkeypatch):
@@ -496,3 +496,54 @@ def test_a_features_folder_trains_on_all_it_holds_by_default(chat_target, distil
     shards, made = cli.make_features(args, chat_target, distilled[0].parent)
     assert args.tokens == made["tokens"] > 10
     assert shards == distilled
+
+
+def test_reencoding_a_folder_gives_the_features_extraction_gave(chat_target, shards, tmp_path):
+    """--tokens-from: the sequences of another feature folder (here one this target extracted, in
+    the same batches) get exactly the features extraction gave them, and a stopped run resumes."""
+    from eagle_llamacpp.training.features import read_manifest, reencode
+
+    source = shards[0].parent
+    t = TargetModel(chat_target, n_ctx=256, n_threads=1)  # one conversation per decode, as `shards`
+    once = reencode(t, [source], tmp_path / "once", token_budget=10_000, shard_tokens=300, progress=False)
+    reencode(t, [source], tmp_path / "resumed", token_budget=600, shard_tokens=300, progress=False)
+    stopped_at = read_manifest(tmp_path / "resumed")["n_tokens"]
+    resumed = reencode(t, [source], tmp_path / "resumed", token_budget=10_000, shard_tokens=300, progress=False)
+    t.close()
+    src, a, b = ([FeatureShard.load(p) for p in paths] for paths in (shards, once, resumed))
+    for key in ("tokens", "mask", "feats"):
+        want = np.concatenate([getattr(s, key) for s in src])
+        assert np.array_equal(np.concatenate([getattr(s, key) for s in a]), want)
+        assert np.array_equal(np.concatenate([getattr(s, key) for s in b]), want)
+    assert 600 <= stopped_at < len(np.concatenate([s.tokens for s in src]))
+    assert read_manifest(tmp_path / "once")["tokens_from"] == [str(source)]
+
+
+def test_reencoding_refuses_another_tokenizers_folder(chat_target, tmp_path):
+    from eagle_llamacpp.training.features import ShardWriter, reencode
+    from tiny_models import N_VOCAB
+
+    writer = ShardWriter(tmp_path / "other", 100, {})
+    writer.add(np.array([1, 2, N_VOCAB + 5, 3]), np.zeros((4, 8)), np.ones(4))
+    writer.flush()
+    t = TargetModel(chat_target, n_ctx=256, n_threads=1)
+    with pytest.raises(ValueError, match="another tokenizer"):
+        reencode(t, [tmp_path / "other"], tmp_path / "out", token_budget=100, progress=False)
+    with pytest.raises(ValueError, match="not a feature folder"):
+        reencode(t, [tmp_path / "missing"], tmp_path / "out", token_budget=100, progress=False)
+    t.close()
+
+
+def test_a_reencoded_folder_resumes_from_its_own_sources(chat_target, distilled, tmp_path):
+    """`train --tokens-from DIR` records its sources; a later run on the folder, without the option,
+    goes on with them, and the card names them."""
+    from eagle_llamacpp import cli
+
+    shards, made = cli.make_features(make_features_args(tokens=300, tokens_from=[str(distilled[0].parent)]),
+                                     chat_target, tmp_path / "re")
+    assert "re-encoded" in made["data"] and made["data"].startswith("self-distilled")
+    assert made["tokens_from"][0]["folder"] == str(distilled[0].parent)
+    more, made = cli.make_features(make_features_args(tokens=10_000), chat_target, tmp_path / "re")
+    assert more[:len(shards)] == shards and len(more) > len(shards)
+    total = sum(len(s.tokens) for s in map(FeatureShard.load, distilled))
+    assert made["tokens"] == total

@@ -115,40 +115,96 @@ def extract(target: TargetModel, conversations, out_dir: Path, *, max_tokens: in
             shard_tokens: int = 16384, first_conv: int = 0, progress: bool = True) -> list[Path]:
     """Writes feature shards for conversations until token_budget tokens are stored; resumes from
     the shards already in out_dir (manifest.json records how far each run got). Conversations are
-    packed into the target's batches (n_batch tokens, n_seq_max sequences: see packed_features);
-    a batch depends only on where it starts, so a resumed run decodes the same batches. A fresh
-    folder starts at conversation first_conv."""
+    packed into the target's batches (see _extract_batches). A fresh folder starts at conversation
+    first_conv."""
     writer = ShardWriter(out_dir, shard_tokens, {"first_conv": first_conv, "n_conv": first_conv})
     renderer = ChatRenderer(target)
     n_batch = nat.llama_cpp.llama_n_batch(target.ctx)
-    n_seq = max(1, nat.llama_cpp.llama_n_seq_max(target.ctx))
     if max_tokens > n_batch:
         raise ValueError(f"max_tokens {max_tokens} exceeds the target context's n_batch {n_batch}")
+
+    def rendered():
+        for i in range(writer.manifest["n_conv"], len(conversations)):
+            tokens, mask = renderer.tokens_and_mask(conversations[i], max_tokens)
+            if mask.sum() >= 8:  # else nothing to learn from
+                yield i, tokens, mask
+
+    _extract_batches(target, rendered(), writer, token_budget, "n_conv", progress)
+    return writer.shard_paths()
+
+
+def source_sequences(folders: list[Path]):
+    """(tokens, mask) of every sequence of some feature folders, in order, read without features."""
+    for folder in folders:
+        for name in read_manifest(folder).get("shards", []):
+            with np.load(Path(folder) / name) as z:
+                tokens, mask, offsets = z["tokens"], z["mask"], z["offsets"]
+            for a, b in zip(offsets[:-1], offsets[1:]):
+                yield tokens[a:b], mask[a:b]
+
+
+def reencode(target: TargetModel, sources: list[Path], out_dir: Path, *, token_budget: int,
+             shard_tokens: int = 16384, progress: bool = True) -> list[Path]:
+    """This target's features for the sequences (tokens and reply masks) of other feature folders:
+    replies that a smaller model with the same tokenizer self-distilled cost a bigger target one
+    prompt-processing decode here instead of its own generation. The head's labels are this
+    target's predictions either way (see train.head_losses). Resumes like extract."""
+    sources = [Path(s) for s in sources]
+    for folder in sources:
+        if not read_manifest(folder).get("shards"):
+            raise ValueError(f"{folder}: not a feature folder (no shards in {MANIFEST})")
+    writer = ShardWriter(out_dir, shard_tokens, {"tokens_from": [str(s) for s in sources], "n_seq": 0})
+    n_batch = nat.llama_cpp.llama_n_batch(target.ctx)
+
+    def sequences():
+        for i, (tokens, mask) in enumerate(source_sequences(sources)):
+            if i < writer.manifest["n_seq"]:
+                continue
+            if len(tokens) > n_batch:
+                raise ValueError(f"a sequence of {len(tokens)} tokens exceeds the target context's n_batch {n_batch}")
+            if tokens.min() < 0 or tokens.max() >= target.n_vocab:
+                raise ValueError(f"token id {int(tokens.max())} is outside the target's vocabulary of "
+                                 f"{target.n_vocab}: the folders were made with another tokenizer")
+            yield i, tokens, mask
+
+    _extract_batches(target, sequences(), writer, token_budget, "n_seq", progress)
+    return writer.shard_paths()
+
+
+def _extract_batches(target: TargetModel, items, writer: ShardWriter, token_budget: int, resume_key: str,
+                     progress: bool) -> None:
+    """Stores the features of (index, tokens, mask) items until token_budget tokens are stored.
+    Items are packed into the target's batches (n_batch tokens, n_seq_max sequences: see
+    packed_features); an item that does not fit starts the next batch, so a batch depends only on
+    where it starts and a resumed run decodes the same batches. The manifest's resume_key holds
+    the index to go on from."""
+    n_batch = nat.llama_cpp.llama_n_batch(target.ctx)
+    n_seq = max(1, nat.llama_cpp.llama_n_seq_max(target.ctx))
     bar = _progress(progress, token_budget, writer.n_tokens, "features")
-    i = writer.manifest["n_conv"]
-    rendered: dict[int, tuple] = {}  # the conversation that did not fit the last batch
-    while writer.n_tokens < token_budget and i < len(conversations):
-        batch, used = [], 0
-        while i < len(conversations) and len(batch) < n_seq:
-            tokens, mask = rendered.pop(i, None) or renderer.tokens_and_mask(conversations[i], max_tokens)
-            if mask.sum() < 8:
-                i += 1
-                continue  # nothing to learn from
-            if used + len(tokens) > n_batch:
-                rendered[i] = (tokens, mask)
-                break  # it starts the next batch
+    batch, used, resume_at = [], 0, writer.manifest[resume_key]
+
+    def decode_batch(next_index: int) -> None:
+        for (tokens, mask), f in zip(batch, packed_features(target, [b[0] for b in batch])):
+            writer.add(tokens, f, mask)
+        bar.update(used)
+        if writer.full() or writer.n_tokens >= token_budget:
+            writer.flush(**{resume_key: next_index})
+
+    if writer.n_tokens < token_budget:
+        for index, tokens, mask in items:
+            if batch and (used + len(tokens) > n_batch or len(batch) == n_seq):
+                decode_batch(index)
+                batch, used = [], 0
+                if writer.n_tokens >= token_budget:
+                    break
             batch.append((tokens, mask))
             used += len(tokens)
-            i += 1
-        if batch:
-            feats = packed_features(target, [b[0] for b in batch])
-            for (tokens, mask), f in zip(batch, feats):
-                writer.add(tokens, f, mask)
-            bar.update(used)
-        if writer.pending and (writer.full() or writer.n_tokens >= token_budget or i == len(conversations)):
-            writer.flush(n_conv=i)
+            resume_at = index + 1
+        else:
+            if batch:
+                decode_batch(resume_at)
+            writer.flush(**{resume_key: resume_at})
     bar.close()
-    return writer.shard_paths()
 
 
 def _progress(enabled: bool, total: int, initial: int, desc: str):
