@@ -147,6 +147,13 @@ class TreeBuilder:
         """Cumulative log-probabilities of all candidates so far, best first."""
         return np.sort(np.concatenate(self._score))[::-1]
 
+    def candidate_depths(self) -> np.ndarray:
+        """Depth (1: a child of the root) of each candidate, in candidate_scores' order (ties: the
+        shallower first, as build keeps parents before their children)."""
+        scores = np.concatenate(self._score)
+        depths = np.concatenate([np.full(len(level), d + 1) for d, level in enumerate(self._score)])
+        return depths[np.lexsort((depths, -scores))]
+
     def build(self, root_token: int, total_tokens: int | None = None) -> DraftTree:
         """The top total_tokens candidates (default: the builder's), parents first, under the root."""
         scores = np.concatenate(self._score)

@@ -20,10 +20,10 @@ def one_guess(p: float) -> TreeBuilder:
 def test_drafts_only_what_beats_plain_decoding():
     policy = AutoPolicy({1: 20.0, 2: 38.0, 3: 42.0})
     # one likely node: 1.95 tokens per 38 ms beats 1 per 20 ms; a less likely one does not
-    assert policy._best(np.array([0.95]))[0] == 1
-    assert policy._best(np.array([0.8]))[0] == 0
+    assert policy._best(np.array([0.95]), np.array([1]))[0] == 1
+    assert policy._best(np.array([0.8]), np.array([1]))[0] == 0
     # two fair nodes pay at three verified tokens: (1 + 0.7 + 0.5) / 42 > 1 / 20
-    assert policy._best(np.array([0.7, 0.5]))[0] == 2
+    assert policy._best(np.array([0.7, 0.5]), np.array([1, 1]))[0] == 2
 
 
 def test_grows_a_level_only_where_the_draft_is_sure_enough_to_pay_for_it():
@@ -59,6 +59,20 @@ def test_losing_rounds_back_off_up_to_max_skip():
         assert policy.choose(one_guess(0.95)) == 1
         policy.observe(n_drafted=1, n_accepted=1, draft_ms=1.0, n_decodes=1, verify_ms=30.0)
     assert policy.backoff == 0
+
+
+def test_unsure_rounds_among_paying_ones_keep_drafting():
+    # a draft that pays (0.9, accepted) until two rounds say 0.05: those verify nothing, and the
+    # next round drafts again, since recent rounds still gained on average
+    policy = AutoPolicy({1: 20.0, 2: 22.0})
+    for _ in range(10):
+        n = policy.choose(one_guess(0.9))
+        policy.observe(n, 1, 1.0, 1, verify_ms=22.0)
+    for _ in range(2):
+        n = policy.choose(one_guess(0.05))
+        policy.observe(n, 0, 1.0, 1, verify_ms=20.0)
+        assert n == 0
+    assert policy.should_draft()
 
 
 def drafting_share(p_accept: float, p_draft: float, seed: int = 0, rounds: int = 400,
@@ -116,9 +130,38 @@ def test_calibration_converges_to_the_observed_ratio():
     for _ in range(2000):
         n = policy.choose(one_guess(0.8))
         policy.observe(n, int(rng.random() < 0.4), 1.0, 1)
-        seen.append(policy.calibration)
+        seen.append(policy.calibration[0])
     # a running ratio of ~20 rounds wanders; its average sits on the ratio (not on its square root)
     assert abs(np.mean(seen[100:]) - 0.5) < 0.05
+
+
+def chain_of_two(p_first: float, p_second: float) -> TreeBuilder:
+    """A two-level chain draft: its first token has probability p_first, the second p_second given it."""
+    builder = TreeBuilder(top_k=1, depth=2, total_tokens=3)
+    builder.begin(np.log(np.array([p_first] + [(1 - p_first) / 20] * 20)))
+    builder.expand(np.log(np.array([[p_second] + [(1 - p_second) / 20] * 20])))
+    return builder
+
+
+def test_first_and_deeper_tokens_are_calibrated_apart():
+    # the draft says 0.5 then 0.8 (a path of 0.4); the target takes the first token 80% of the time
+    # and the second after it 10%. Verifying one token yields (1 + 0.8) / 21 tokens per ms, two
+    # (1 + 0.8 + 0.08) / 25: one pays. A single ratio for both (0.88 observed / 0.9 predicted) would
+    # verify two: (1 + 0.98 * 0.9) / 25 > (1 + 0.98 * 0.5) / 21
+    rng = np.random.default_rng(0)
+    policy = AutoPolicy({1: 20.0, 2: 21.0, 3: 25.0})
+    chosen = []
+    for _ in range(300):
+        n = policy.choose(chain_of_two(0.5, 0.8))
+        first = rng.random() < 0.8
+        accepted = int(first) + int(first and n == 2 and rng.random() < 0.1)
+        policy.observe(n, accepted, 1.0, 1)
+        chosen.append(n)
+    assert abs(policy.calibration[0] - 1.6) < 0.3
+    # the deeper ratio learns only while the second token is verified: it stops below the 0.86 at
+    # which two would pay again, (1 + 0.8 + 0.86 * 0.4) / 25 = 1.8 / 21
+    assert policy.calibration[1] < 0.85
+    assert np.mean(np.array(chosen[100:]) == 1) > 0.9
 
 
 def test_observed_verify_times_correct_the_table():
