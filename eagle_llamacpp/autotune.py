@@ -126,6 +126,14 @@ class AutoPolicy:
         """ms of verifying n_tokens, interpolated between the measured sizes."""
         return float(np.interp(n_tokens, list(self.verify_ms), list(self.verify_ms.values())))
 
+    def begin(self) -> None:
+        """A new text: whether drafting pays is judged afresh (a hard stretch of the last text had
+        backed off up to MAX_SKIP rounds, which carried into the next prompt); the calibration and
+        the costs, properties of the head and the machine, carry over."""
+        self.skip = self.backoff = 0
+        self.gain_ms = 0.0
+        self.probe = True
+
     def should_draft(self) -> bool:
         if self.skip > 0:
             self.skip -= 1

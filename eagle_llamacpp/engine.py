@@ -132,6 +132,7 @@ class EagleLlama(CompletionMixin):
             self.proposer.commit(tokens[1:] + [root], feats)
             self.proposer.catch_up()
         stats.prompt_s += t_prompt.total
+        self.policy.begin()
         n_past, n_out = len(tokens), 1
         self.last_finish_reason = "length"
         yield root

@@ -45,6 +45,9 @@ class FixedPolicy:
     def __init__(self, shape: TreeShape):
         self.shape = shape
 
+    def begin(self) -> None:
+        pass
+
     def should_draft(self) -> bool:
         return True
 

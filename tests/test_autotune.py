@@ -75,6 +75,18 @@ def test_unsure_rounds_among_paying_ones_keep_drafting():
     assert policy.should_draft()
 
 
+def test_a_new_text_drafts_again_and_keeps_the_calibration():
+    policy = AutoPolicy({1: 20.0, 2: 30.0})
+    for _ in range(6):  # a hard stretch: drafts lose, the policy backs off
+        n = policy.choose(one_guess(0.05))
+        policy.observe(n, 0, 2.0, 1)
+    assert policy.skip > 0
+    calibration = policy.calibration.copy()
+    policy.begin()  # the next prompt
+    assert policy.should_draft() and policy.probe and policy.backoff == 0
+    assert np.array_equal(policy.calibration, calibration)
+
+
 def drafting_share(p_accept: float, p_draft: float, seed: int = 0, rounds: int = 400,
                    verify=(38.7, 43.0), draft_ms: float = 2.6) -> float:
     """Share of rounds that verify a drafted node when the draft says p_draft and the target accepts
