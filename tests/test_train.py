@@ -171,6 +171,38 @@ def test_bf16_training_learns_as_float32_does(chat_target, shards, tmp_path):
     assert abs(cards[True]["eval"]["vloss"] - cards[False]["eval"]["vloss"]) < 0.05 * cards[False]["eval"]["vloss"]
 
 
+def test_llamacpp_decodes_after_bf16_training_in_one_process(tmp_path):
+    """PyTorch's bfloat16 kernels (oneDNN) release a thread's AMX tiles when they finish; ggml's AMX
+    kernels had loaded the tile configuration once per thread, so a batch decode after bf16
+    training in the same process died of an illegal instruction (patch 0013; on CPUs without AMX
+    neither side uses tiles). Run in a child process, so that a fault fails this test alone."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tiny_models import write_target
+
+    model = tmp_path / "q5_0.gguf"
+    write_target(model, "qwen2", n_head_kv=2, q5_0=True)  # Q5_0: repacked for the AMX kernels
+    script = f"""
+import numpy as np, torch
+from eagle_llamacpp import _native as nat
+from eagle_llamacpp.draft import TargetModel
+t = TargetModel({str(model)!r}, n_ctx=256, n_threads=2)
+x = torch.randn(256, 256)
+for _ in range(3):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (x @ x).sum()
+    nat.clear_memory(t.ctx)
+    t.decode(np.arange(32), np.arange(32), outputs=np.zeros(32, np.int8))  # 32 rows: AMX tiles
+t.close()
+print("decoded")
+"""
+    root = Path(__file__).resolve().parent.parent
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, timeout=120)
+    assert res.returncode == 0 and "decoded" in res.stdout, res.stderr[-2000:]
+
+
 @pytest.fixture(scope="module")
 def trained_draft(chat_target, shards, tmp_path_factory):
     out = tmp_path_factory.mktemp("trained")
