@@ -8,7 +8,8 @@ server rotates), so that a change of machine load hits them all alike.
 
 A --bin folder holds llama-server and its libraries (a build's bin folder); each server loads the
 libraries of its own folder. Prints a markdown table (tokens/s, x llama-server without speculation,
-acceptance) and writes JSON (default bench-out/compare_servers.json).
+acceptance, and whether each server's tokens are llama-server-without-speculation's) and writes
+JSON (default bench-out/compare_servers.json).
 """
 
 from __future__ import annotations
@@ -22,23 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 EAGLE2_ARGS = ["--spec-type", "draft-eagle2", "--spec-draft-n-max", "6", "--spec-eagle2-depth", "5",
                "--spec-eagle2-top-k", "4"]  # as `eagle-llamacpp bench` runs server-eagle2
-
-
-def start_server(bin_dir: Path, target: Path, extra_args: list[str], n_threads: int, log_path: Path):
-    """A llama-server of bin_dir, loading bin_dir's libraries (its RUNPATH names the build it came from)."""
-    from eagle_llamacpp import llama_server
-
-    saved = os.environ.get("LD_LIBRARY_PATH"), llama_server.library_dir
-    os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(bin_dir), saved[0]]))
-    llama_server.library_dir = lambda: bin_dir
-    try:
-        return llama_server.LlamaServer(target, extra_args, n_threads=n_threads, log_path=log_path)
-    finally:
-        llama_server.library_dir = saved[1]
-        if saved[0] is None:
-            del os.environ["LD_LIBRARY_PATH"]
-        else:
-            os.environ["LD_LIBRARY_PATH"] = saved[0]
 
 
 def main() -> None:
@@ -60,7 +44,8 @@ def main() -> None:
         if not (b / "llama-server").exists():
             ap.error(f"{b} holds no llama-server")
 
-    from eagle_llamacpp import bench, heads, models
+    from eagle_llamacpp import heads, models
+    from eagle_llamacpp.bench import ServerMethods, pick_questions, summarize
     from eagle_llamacpp.chat import ChatRenderer
     from eagle_llamacpp.draft import TargetModel
     from report import print_table, write_json
@@ -68,45 +53,36 @@ def main() -> None:
     target = args.target or models.fetch(models.MODELS[args.models])
     draft = args.draft or heads.draft_gguf(args.head or heads.shipped_head(models.MODELS[args.models]), target,
                                            draft_vocab=args.draft_vocab)
+    questions = pick_questions(args.prompts)
     model = TargetModel(target, n_ctx=512, n_threads=1)
     renderer = ChatRenderer(model)
-    prompts = [renderer.prompt_tokens([{"role": "user", "content": q.turns[0]}])
-               for q in bench.pick_questions(args.prompts)]
+    prompts = [renderer.prompt_tokens([{"role": "user", "content": q.turns[0]}]) for q in questions]
     model.close()
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    specs = {"server-plain": (args.bin[1], []), "before": (args.bin[0], ["-md", str(draft), *EAGLE2_ARGS]),
-             "after": (args.bin[1], ["-md", str(draft), *EAGLE2_ARGS])}
-    servers = {}
+    eagle2 = ["-md", str(draft), *EAGLE2_ARGS]
+    servers = {"server-plain": [], "before": eagle2, "after": eagle2}
+    bins = {"server-plain": args.bin[1], "before": args.bin[0], "after": args.bin[1]}
+    srv = ServerMethods(target, servers, args.threads, 2048, args.out.parent, bin_dirs=bins)
+    results = []
     try:
-        for name, (bin_dir, extra) in specs.items():
-            servers[name] = start_server(bin_dir.resolve(), target, extra, args.threads,
-                                         args.out.parent / f"compare_servers-{name}.log")
-        names = list(servers)
+        names = srv.names()
         for name in names:  # warm-up: the first request allocates
-            servers[name].complete(prompts[0][:32], 8)
-        totals = {name: dict(tokens=0, ms=0.0, drafted=0, accepted=0) for name in names}
-        for i, tokens in enumerate(prompts):
+            srv.run(name, prompts[0][:32], 8, questions[0])
+        for i, (q, tokens) in enumerate(zip(questions, prompts)):
             for name in names[i % len(names):] + names[:i % len(names)]:
-                t = servers[name].complete(tokens, args.max_tokens)["timings"]
-                totals[name]["tokens"] += int(t["predicted_n"])
-                totals[name]["ms"] += float(t["predicted_ms"])
-                totals[name]["drafted"] += int(t.get("draft_n", 0))
-                totals[name]["accepted"] += int(t.get("draft_n_accepted", 0))
+                results.append(srv.run(name, tokens, args.max_tokens, q))
             print(f"  prompt {i + 1}/{len(prompts)}", file=sys.stderr)
     finally:
-        for s in servers.values():
-            s.close()
-    plain = totals["server-plain"]["tokens"] / totals["server-plain"]["ms"]
-    rows = []
-    for name, t in totals.items():
-        rate = t["tokens"] / t["ms"]
-        rounds = t["tokens"] - t["accepted"]  # every round emits its accepted draft tokens plus one
-        rows.append(dict(method=name, bin=str(specs[name][0]), tokens_per_s=rate * 1e3, x_plain=rate / plain,
-                         acceptance_length=t["tokens"] / max(rounds, 1), **t))
-    print_table(["method", "tokens/s", "x server-plain", "acceptance length", "drafted", "accepted"],
-                [[r["method"], f"{r['tokens_per_s']:.2f}", f"{r['x_plain']:.3f}", f"{r['acceptance_length']:.2f}",
-                  r["drafted"], r["accepted"]] for r in rows])
+        srv.close()
+    summary = summarize(results, names)
+    rows = [dict(method=name, bin=str(bins[name]), **{k: v for k, v in summary[name].items() if k != "by_category"})
+            for name in names]
+    print_table(["method", "tokens/s", "x server-plain", "acceptance length", "draft accepted",
+                 f"same tokens as server-plain (of {len(prompts)})"],
+                [[r["method"], f"{r['tokens_per_s']:.2f}", f"{r['speedup_vs_server-plain']:.3f}",
+                  f"{r['acceptance_length']:.2f}", "-" if r["draft_acceptance_rate"] is None else f"{r['draft_acceptance_rate']:.0%}",
+                  r["same_tokens_as_server_plain"]] for r in rows])
     write_json(args.out, rows, bins=[str(b) for b in args.bin], target=Path(target).name, draft=Path(draft).name,
                prompts=len(prompts), max_tokens=args.max_tokens, threads=args.threads)
 

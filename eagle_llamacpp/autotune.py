@@ -162,8 +162,9 @@ class AutoPolicy:
         """The drafted nodes to verify. The first draft and the first after skipped rounds verify at
         least the likeliest node: the calibration learns only from verified nodes, so a draft whose
         probabilities undersell it would otherwise never be tried again."""
-        probs = np.exp(builder.candidate_scores())
-        n, _, self.last_predicted = self._best(probs, builder.candidate_depths())
+        scores, depths = builder.candidates()
+        probs = np.exp(scores)
+        n, _, self.last_predicted = self._best(probs, depths)
         if n == 0 and self.probe and len(probs):
             n, self.last_predicted = 1, np.eye(N_CLASSES)[0] * probs[0]  # the likeliest node: depth 1
         self.probe = False
@@ -176,7 +177,8 @@ class AutoPolicy:
         draft about as sure one level down).
         A bound (every new node as likely as the likeliest frontier node) expanded nearly every
         round, and the rounds' draft time then ate what they gained."""
-        probs, depths = np.exp(builder.candidate_scores()), builder.candidate_depths()
+        scores, depths = builder.candidates()
+        probs = np.exp(scores)
         _, rate_now, _ = self._best(probs, depths)
         frontier = np.exp(builder.frontier_scores())
         n_new = min(builder.top_k * len(frontier), max(self.verify_ms) - 1)

@@ -127,14 +127,17 @@ def _greedy():
 class ServerMethods:
     """Upstream llama.cpp's decoding through the patched llama-server, one server per method."""
 
-    def __init__(self, target: Path, servers: dict[str, list[str]], n_threads: int, n_ctx: int, log_dir: Path):
+    def __init__(self, target: Path, servers: dict[str, list[str]], n_threads: int, n_ctx: int, log_dir: Path,
+                 bin_dirs: dict[str, Path] | None = None):
+        """bin_dirs: method name -> another build's bin folder to run it from (LlamaServer's bin_dir)."""
         from .llama_server import LlamaServer
 
         self.servers = {}
         try:
             for name, args in servers.items():
                 self.servers[name] = LlamaServer(target, args, n_ctx=n_ctx, n_threads=n_threads,
-                                                 log_path=log_dir / f"{name}.log")
+                                                 log_path=log_dir / f"{name}.log",
+                                                 bin_dir=(bin_dirs or {}).get(name))
         except Exception:
             self.close()
             raise

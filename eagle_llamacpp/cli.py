@@ -59,7 +59,6 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
     sequences of other feature folders with --tokens-from; resumes from feature_dir. Returns the
     shards and how they were made (for the card)."""
     from . import data
-    from .draft import TargetModel
     from .training import distill, features
 
     made_by = features.read_manifest(feature_dir)
@@ -72,12 +71,7 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
         args.self_distill = True
     if args.tokens is None:  # all that the folder holds, at least the default
         args.tokens = max(DEFAULT_TOKENS, made_by.get("n_tokens", 0))
-    n_batch = max(EXTRACT_BATCH, args.max_len)
-    # self-distill keeps every slot in the KV cache, each in its own stream (attention reads only
-    # its own slot's cells); extraction packs a batch of conversations into one stream
-    n_ctx = EXTRACT_SEQS * args.max_len if args.self_distill else n_batch
-    target = TargetModel(target_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=args.threads or 2,
-                         n_seq_max=EXTRACT_SEQS, kv_unified=not args.self_distill)
+    target = extraction_target(args, target_path, streams=args.self_distill)
     try:
         convs = data.training_conversations()
         what = "self-distilled replies" if args.self_distill else "ShareGPT features"
@@ -96,9 +90,7 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
     manifest = features.read_manifest(feature_dir)
     made = {"data": ("self-distilled: the target's replies to ShareGPT first turns, temperature "
                      f"{args.distill_temp}") if args.self_distill else "ShareGPT replies",
-            "tokens": manifest["n_tokens"], "seconds": round(manifest["seconds"], 1),
-            "tokens_per_s": round(manifest["n_tokens"] / max(manifest["seconds"], 1e-9), 1),
-            "first_conversation": manifest.get("first_conv", 0)}
+            **folder_rates(manifest), "first_conversation": manifest.get("first_conv", 0)}
     if args.self_distill:
         made["generated_tokens_per_s"] = round(manifest["generated"] / max(manifest["seconds"], 1e-9), 1)
     print(f"features: {made['tokens']} tokens, {made['tokens_per_s']} tokens/s", file=sys.stderr)
@@ -107,16 +99,13 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
 
 def reencoded_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path], dict]:
     """The target's features for the sequences of the --tokens-from folders (see features.reencode)."""
-    from .draft import TargetModel
     from .training import features
 
     made_by = features.read_manifest(feature_dir)
     sources = [Path(s) for s in (args.tokens_from or made_by["tokens_from"])]
     if args.tokens is None:
         args.tokens = max(DEFAULT_TOKENS, made_by.get("n_tokens", 0))
-    n_batch = max(EXTRACT_BATCH, args.max_len)
-    target = TargetModel(target_path, n_ctx=n_batch, n_batch=n_batch, n_threads=args.threads or 2,
-                         n_seq_max=EXTRACT_SEQS)
+    target = extraction_target(args, target_path, streams=False)
     try:
         print(f"up to {args.tokens} tokens of features for the sequences of {', '.join(map(str, sources))}",
               file=sys.stderr)
@@ -124,30 +113,46 @@ def reencoded_features(args, target_path: Path, feature_dir: Path) -> tuple[list
     finally:
         target.close()
     shards = first_tokens(shards, args.tokens)
-    manifest = features.read_manifest(feature_dir)
-    data = sorted({"self-distilled replies" if "generated" in features.read_manifest(s) else "ShareGPT replies"
-                   for s in sources})
+    source_manifests = [features.read_manifest(s) for s in sources]
+    data = sorted({"self-distilled replies" if "generated" in m else "ShareGPT replies" for m in source_manifests})
     made = {"data": f"{' and '.join(data)} of another model with this tokenizer ({len(sources)} feature "
                     "folders), re-encoded by this target",
-            "tokens": manifest["n_tokens"], "seconds": round(manifest["seconds"], 1),
-            "tokens_per_s": round(manifest["n_tokens"] / max(manifest["seconds"], 1e-9), 1),
-            "tokens_from": [{"folder": str(s), **{k: v for k, v in features.read_manifest(s).items()
+            **folder_rates(features.read_manifest(feature_dir)),
+            "tokens_from": [{"folder": str(s), **{k: v for k, v in m.items()
                                                   if k in ("first_conv", "next_conv", "n_conv", "n_tokens")}}
-                           for s in sources]}
+                           for s, m in zip(sources, source_manifests)]}
     print(f"features: {made['tokens']} tokens, {made['tokens_per_s']} tokens/s", file=sys.stderr)
     return shards, made
 
 
+def extraction_target(args, target_path: Path, *, streams: bool):
+    """The target as feature making runs it: decodes of up to EXTRACT_BATCH tokens from up to
+    EXTRACT_SEQS sequences. streams (self-distillation): every slot stays in the KV cache, each in
+    its own stream (attention reads only its own slot's cells); otherwise a batch of conversations
+    is packed into one stream."""
+    from .draft import TargetModel
+
+    n_batch = max(EXTRACT_BATCH, args.max_len)
+    n_ctx = EXTRACT_SEQS * args.max_len if streams else n_batch
+    return TargetModel(target_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=args.threads or 2,
+                       n_seq_max=EXTRACT_SEQS, kv_unified=not streams)
+
+
+def folder_rates(manifest: dict) -> dict:
+    """A feature folder's tokens, wall seconds and tokens/s, as the card states them."""
+    return {"tokens": manifest["n_tokens"], "seconds": round(manifest["seconds"], 1),
+            "tokens_per_s": round(manifest["n_tokens"] / max(manifest["seconds"], 1e-9), 1)}
+
+
 def first_tokens(shards: list[Path], n_tokens: int) -> list[Path]:
     """The first shards that hold n_tokens tokens: a folder made for more trains on --tokens only."""
-    import numpy as np
+    from .training.features import read_arrays
 
     total = 0
     for i, path in enumerate(shards):
         if total >= n_tokens:
             return shards[:i]
-        with np.load(path) as z:
-            total += int(z["offsets"][-1])
+        total += int(read_arrays(path, "offsets")[0][-1])
     return shards
 
 

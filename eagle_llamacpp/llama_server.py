@@ -4,6 +4,7 @@ with EAGLE-2 in the benchmark."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -29,17 +30,24 @@ class LlamaServer:
     """`llama-server -m target [extra args]`; complete() sends one /completion request."""
 
     def __init__(self, target: Path, extra_args: list[str], *, n_ctx: int = 2048, n_threads: int = 2,
-                 n_parallel: int = 1, log_path: Path | None = None, timeout_s: float = 120.0):
-        binary = library_dir() / "llama-server"
+                 n_parallel: int = 1, log_path: Path | None = None, timeout_s: float = 120.0,
+                 bin_dir: Path | None = None):
+        """bin_dir: another build's bin folder (default: the library eagle_llamacpp loads); its server
+        then loads that folder's libraries, whatever build its RUNPATH names."""
+        binary = Path(bin_dir or library_dir()) / "llama-server"
         if not binary.exists():
             raise EagleError(f"{binary} not found: build it first (make setup)")
+        env = None
+        if bin_dir is not None:
+            env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(
+                filter(None, [str(Path(bin_dir).resolve()), os.environ.get("LD_LIBRARY_PATH")])))
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [str(binary), "-m", str(target), "--host", "127.0.0.1", "--port", str(self.port),
                "-c", str(n_ctx), "-t", str(n_threads), "-tb", str(n_threads), "-np", str(n_parallel),
                "--no-warmup", *repack_args(), *extra_args]
         self.log = open(log_path, "w") if log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self._wait_healthy(timeout_s, cmd)
 
     def _wait_healthy(self, timeout_s: float, cmd: list[str]) -> None:

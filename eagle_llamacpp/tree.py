@@ -143,16 +143,14 @@ class TreeBuilder:
         base = scores[parent] if parent >= 0 else 0.0
         return np.sort(np.exp(scores[parents == parent] - base))[::-1]
 
-    def candidate_scores(self) -> np.ndarray:
-        """Cumulative log-probabilities of all candidates so far, best first."""
-        return np.sort(np.concatenate(self._score))[::-1]
-
-    def candidate_depths(self) -> np.ndarray:
-        """Depth (1: a child of the root) of each candidate, in candidate_scores' order (ties: the
-        shallower first, as build keeps parents before their children)."""
+    def candidates(self) -> tuple[np.ndarray, np.ndarray]:
+        """(cumulative log-probabilities, depths) of all candidates so far, best first (ties: the
+        shallower first, as build keeps parents before their children); depth 1 is a child of the
+        root."""
         scores = np.concatenate(self._score)
         depths = np.concatenate([np.full(len(level), d + 1) for d, level in enumerate(self._score)])
-        return depths[np.lexsort((depths, -scores))]
+        order = np.lexsort((depths, -scores))
+        return scores[order], depths[order]
 
     def build(self, root_token: int, total_tokens: int | None = None) -> DraftTree:
         """The top total_tokens candidates (default: the builder's), parents first, under the root."""

@@ -41,6 +41,12 @@ class FeatureShard:
             return cls(z["tokens"], z["feats"], z["mask"], z["offsets"])
 
 
+def read_arrays(path: Path, *keys: str) -> list[np.ndarray]:
+    """Some arrays of a shard without the features (an .npz member is read on its own)."""
+    with np.load(path) as z:
+        return [z[k] for k in keys]
+
+
 def packed_features(target: TargetModel, seqs: list[np.ndarray]) -> list[np.ndarray]:
     """The final hidden state of every token of several sequences in one target decode, each its own
     sequence id from position 0, so that short conversations fill the batch as the target's prompt
@@ -137,8 +143,7 @@ def source_sequences(folders: list[Path]):
     """(tokens, mask) of every sequence of some feature folders, in order, read without features."""
     for folder in folders:
         for name in read_manifest(folder).get("shards", []):
-            with np.load(Path(folder) / name) as z:
-                tokens, mask, offsets = z["tokens"], z["mask"], z["offsets"]
+            tokens, mask, offsets = read_arrays(Path(folder) / name, "tokens", "mask", "offsets")
             for a, b in zip(offsets[:-1], offsets[1:]):
                 yield tokens[a:b], mask[a:b]
 

@@ -13,13 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .features import FeatureShard
-
-
-def _read(path: Path, *keys: str) -> list[np.ndarray]:
-    """Some arrays of a shard without the features (an .npz member is read on its own)."""
-    with np.load(path) as z:
-        return [z[k] for k in keys]
+from .features import FeatureShard, read_arrays
 
 
 class ShardStream:
@@ -31,7 +25,7 @@ class ShardStream:
         self.cache_size = cache or self.group + 1
         self._cache: OrderedDict[int, FeatureShard] = OrderedDict()
         ids, lengths = [], []
-        self.offsets = [_read(p, "offsets")[0] for p in self.paths]
+        self.offsets = [read_arrays(p, "offsets")[0] for p in self.paths]
         for s, offsets in enumerate(self.offsets):
             n = np.diff(offsets)
             for q in np.flatnonzero(n > 2):
@@ -77,7 +71,7 @@ class ShardStream:
     def tokens_and_masks(self):
         """(tokens, mask) of every shard, read without the features."""
         for p in self.paths:
-            yield _read(p, "tokens", "mask")
+            yield read_arrays(p, "tokens", "mask")
 
     def sequence(self, i: int):
         """(tokens, feats, mask) of sequence i."""
