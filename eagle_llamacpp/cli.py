@@ -156,6 +156,15 @@ def first_tokens(shards: list[Path], n_tokens: int) -> list[Path]:
     return shards
 
 
+def shards_after(shards: list[Path], n_tokens: int) -> tuple[list[Path], int]:
+    """The shards past the first ones that hold n_tokens tokens, and how many tokens those held:
+    a grown folder's new part, for a head that goes on from one trained on its start."""
+    skipped = first_tokens(shards, n_tokens) if n_tokens > 0 else []
+    from .training.features import read_arrays
+
+    return shards[len(skipped):], sum(int(read_arrays(p, "offsets")[0][-1]) for p in skipped)
+
+
 def cmd_train(args) -> int:
     """Features from the patched llama.cpp (ShareGPT or self-distilled), then a head in HF layout,
     then its GGUF. Every stage resumes from what an interrupted run left in --out."""
@@ -173,6 +182,10 @@ def cmd_train(args) -> int:
     shards, made = make_features(args, target_path, feature_dir)
     if args.features_only:
         return 0
+    if args.skip_tokens:
+        shards, made["skipped_tokens"] = shards_after(shards, args.skip_tokens)
+        if not shards:
+            raise SystemExit(f"{feature_dir}: nothing past its first {args.skip_tokens} tokens to train on")
     head_dir = train.train(target_path, shards, out, cfg, n_threads=args.threads, card_extra={"features": made})
     gguf_path = convert(head_dir, out / "eagle2-f16.gguf", target=target_path, outtype="f16", force=True)
     card = json.loads((head_dir / "training.json").read_text())
@@ -199,6 +212,9 @@ def add_train_args(t) -> None:
     t.add_argument("--first-conversation", type=int, default=0,
                    help="a fresh feature folder starts at this ShareGPT conversation (shuffled order): new "
                         "data past what an earlier head was trained on")
+    t.add_argument("--skip-tokens", type=int, default=0,
+                   help="train only on the folder's shards past its first N tokens (with --init-from-head: the "
+                        "part a folder grew by since that head trained on it; held-out replies come from it too)")
     t.add_argument("--max-len", type=int, default=384, help="tokens per conversation (longer ones are cut)")
     t.add_argument("--epochs", type=int, default=4)
     t.add_argument("--batch-size", type=int, default=8)

@@ -367,6 +367,18 @@ def test_train_uses_only_the_tokens_asked_for(shards):
     assert first_tokens(shards, sum(sizes) * 2) == shards
 
 
+def test_skip_tokens_trains_on_a_folders_new_part(shards):
+    """--skip-tokens N: the shards past the first ones holding N tokens (a head trained on the
+    folder's start goes on with what it grew by), and the count skipped for the card."""
+    from eagle_llamacpp.cli import shards_after
+
+    sizes = [int(FeatureShard.load(p).offsets[-1]) for p in shards]
+    assert shards_after(shards, 0) == (shards, 0)
+    assert shards_after(shards, sizes[0]) == (shards[1:], sizes[0])
+    assert shards_after(shards, sizes[0] + 1) == (shards[2:], sizes[0] + sizes[1])
+    assert shards_after(shards, sum(sizes)) == ([], sum(sizes))
+
+
 def test_init_from_a_llama_target_undoes_its_rope_row_order():
     """llama GGUFs store q/k rows permuted for ggml's normal rope (convert_hf_to_gguf: per head,
     (2, half) -> (half, 2)); the head rotates halves as HF does, so the copy must undo it."""
