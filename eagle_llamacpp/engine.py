@@ -105,6 +105,9 @@ class EagleLlama(CompletionMixin):
         else:
             self.policy = FixedPolicy(self.shape)
         self.vocab = nat.llama_cpp.llama_model_get_vocab(self.target.model)
+        # diagnostics: called after each verify with the round's DraftTree and accepted path (node
+        # indices, the root first), e.g. benchmarks/node_calibration.py
+        self.on_round = None
 
     def close(self) -> None:
         self.draft.close()
@@ -150,6 +153,8 @@ class EagleLlama(CompletionMixin):
                     path, bonus = sample_accept(tree, _TargetProbs(self.scorer, sampling), rng)
                 self.scorer.commit(tree, path)
                 feats = self.scorer.features(path)
+            if self.on_round is not None:
+                self.on_round(tree, path)
             accepted = [int(t) for t in tree.tokens[path[1:]]]
             stats.add_round(int(tree.depths.max()), tree.n - 1, len(accepted), self.proposer.last_decodes,
                             t_draft.total, t_verify.total)

@@ -224,3 +224,27 @@ def test_cli_generate_prints_text_and_stats(engine, targets):
     assert "is not an EAGLE-1/2 draft" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = run_generate("--target", target, "--draft", draft, "-p", "w5", "--tree", "1,2")
     assert r.returncode == 2 and "expected auto or TOTAL,DEPTH,TOP_K" in r.stderr
+
+
+def test_on_round_reports_each_tree_and_its_accepted_path(engine):
+    """engine.on_round (diagnostics, benchmarks/node_calibration.py) sees every verified tree and the
+    accepted path, root first: its accepted tokens, each round's bonus after them, are the output."""
+    from oracle import follow_reference
+
+    greedy = Sampling(temperature=0.0)
+    reference = list(engine.generate(PROMPT, 24, greedy))
+    rounds = []
+    real = engine.proposer
+    engine.proposer = OracleProposer(real, PROMPT, np.random.default_rng(3), follow_reference(reference, len(PROMPT)))
+    engine.on_round = lambda tree, path: rounds.append((tree, [int(i) for i in path]))
+    try:
+        out = list(engine.generate(PROMPT, 24, greedy))
+    finally:
+        engine.proposer, engine.on_round = real, None
+    assert out == reference
+    k = 1  # the prompt's decode gives the first token
+    for tree, path in rounds:
+        assert path[0] == 0 and all(tree.parents[b] == a for a, b in zip(path, path[1:]))
+        assert [int(t) for t in tree.tokens[path[1:]]] == out[k:k + len(path) - 1]
+        k += len(path)  # the accepted tokens and the bonus
+    assert k >= len(out) and any(len(path) > 1 for _, path in rounds)
