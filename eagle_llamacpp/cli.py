@@ -159,9 +159,9 @@ def first_tokens(shards: list[Path], n_tokens: int) -> list[Path]:
 def shards_after(shards: list[Path], n_tokens: int) -> tuple[list[Path], int]:
     """The shards past the first ones that hold n_tokens tokens, and how many tokens those held:
     a grown folder's new part, for a head that goes on from one trained on its start."""
-    skipped = first_tokens(shards, n_tokens) if n_tokens > 0 else []
     from .training.features import read_arrays
 
+    skipped = first_tokens(shards, n_tokens) if n_tokens > 0 else []
     return shards[len(skipped):], sum(int(read_arrays(p, "offsets")[0][-1]) for p in skipped)
 
 
