@@ -144,25 +144,29 @@ def folder_rates(manifest: dict) -> dict:
             "tokens_per_s": round(manifest["n_tokens"] / max(manifest["seconds"], 1e-9), 1)}
 
 
-def first_tokens(shards: list[Path], n_tokens: int) -> list[Path]:
-    """The first shards that hold n_tokens tokens: a folder made for more trains on --tokens only."""
+def split_at_tokens(shards: list[Path], n_tokens: int) -> tuple[list[Path], list[Path], int]:
+    """(the first shards that hold n_tokens tokens, the rest, the tokens the first ones hold); a
+    shard's size is read only until the first part is complete."""
     from .training.features import read_arrays
 
     total = 0
     for i, path in enumerate(shards):
         if total >= n_tokens:
-            return shards[:i]
+            return shards[:i], shards[i:], total
         total += int(read_arrays(path, "offsets")[0][-1])
-    return shards
+    return shards, [], total
+
+
+def first_tokens(shards: list[Path], n_tokens: int) -> list[Path]:
+    """The first shards that hold n_tokens tokens: a folder made for more trains on --tokens only."""
+    return split_at_tokens(shards, n_tokens)[0]
 
 
 def shards_after(shards: list[Path], n_tokens: int) -> tuple[list[Path], int]:
     """The shards past the first ones that hold n_tokens tokens, and how many tokens those held:
     a grown folder's new part, for a head that goes on from one trained on its start."""
-    from .training.features import read_arrays
-
-    skipped = first_tokens(shards, n_tokens) if n_tokens > 0 else []
-    return shards[len(skipped):], sum(int(read_arrays(p, "offsets")[0][-1]) for p in skipped)
+    _, rest, skipped = split_at_tokens(shards, n_tokens)
+    return rest, skipped
 
 
 def cmd_train(args) -> int:
