@@ -606,3 +606,46 @@ def test_a_reencoded_folder_resumes_from_its_own_sources(chat_target, distilled,
     assert more[:len(shards)] == shards and len(more) > len(shards)
     total = sum(len(s.tokens) for s in map(FeatureShard.load, distilled))
     assert made["tokens"] == total
+
+
+def test_chain_hits_stop_at_the_first_miss_and_at_the_reply_end():
+    from eagle_llamacpp.training.agreement import chain_hits, emitted_ahead
+
+    assert emitted_ahead(np.array([5, 6, 7, 8]), 2).tolist() == [[7, 8], [8, -1], [-1, -1]]
+    drafted = np.array([[7, 8, 9], [7, 0, 9], [1, 8, 9], [-1, -1, -1]])
+    emitted = np.array([[7, 8, 9], [7, 8, 9], [7, 8, 9], [-1, -1, -1]])
+    assert chain_hits(drafted, emitted).tolist() == [[True, True, True], [True, False, False],
+                                                     [False, False, False], [False, False, False]]
+
+
+class _OracleNet:
+    """Drafts from the target's own next features: what a perfect head would predict."""
+
+    def eval(self):
+        pass
+
+    def forward_steps(self, tok_emb, f_in, n_steps):
+        import torch.nn.functional as F
+
+        return [F.pad(f_in[:, 1 + s:], (0, 0, 0, 1 + s)) for s in range(n_steps)]
+
+
+def test_agreement_lines_drafts_up_with_the_tokens_the_target_emitted(chat_target, distilled):
+    """On greedy replies the target's next feature drafts the emitted token (so a misaligned
+    draft would score near 0), and a smaller vocabulary loses exactly the tokens outside it."""
+    from eagle_llamacpp.training.agreement import measure
+    from eagle_llamacpp.training.shards import ShardStream
+
+    stream = ShardStream(distilled)
+    emb, lm_head = target_tensors(chat_target)
+    by_freq = np.argsort(-np.bincount(np.concatenate([t for t, _ in stream.tokens_and_masks()]),
+                                      minlength=len(lm_head)), kind="stable")
+    r = measure(_OracleNet(), stream, emb, lm_head, by_freq, (len(lm_head), 16), n_steps=2)
+    whole, small = r["sizes"][str(len(lm_head))], r["sizes"]["16"]
+    assert r["positions"] > 200
+    assert whole["emitted_in_vocab"] == 1.0
+    assert whole["top1"] >= 0.98 and whole["top1_as_trained"] >= 0.98
+    assert 1.9 < whole["chain_acceptance_length"][1] <= 3.0
+    assert small["emitted_in_vocab"] < 0.9
+    assert abs(small["top1"] - small["emitted_in_vocab"]) <= 0.02
+    assert small["top1_as_trained"] >= 0.98
