@@ -49,7 +49,8 @@ def measure(net, stream, emb: np.ndarray, lm_head: np.ndarray, draft_vocab: np.n
     in_vocab = dict.fromkeys(sizes, 0)
     as_trained = dict.fromkeys(sizes, 0)
     chain = {k: np.zeros(n_steps, np.int64) for k in sizes}
-    by_bin: dict[int, list[int]] = {}
+    n_bins = int(stream.lengths.max(initial=0)) // POSITION_BIN + 1
+    bin_hits, bin_counts = np.zeros(n_bins, np.int64), np.zeros(n_bins, np.int64)
     net.eval()
     with torch.no_grad():
         for start in range(0, len(stream), batch_size):
@@ -72,10 +73,9 @@ def measure(net, stream, emb: np.ndarray, lm_head: np.ndarray, draft_vocab: np.n
                     hits = chain_hits(drafted, emitted)
                     chain[k] += hits.sum(0)
                     if k == sizes[0]:
-                        for b, h in zip(np.arange(len(hits)) // POSITION_BIN, hits[:, 0]):
-                            bin_ = by_bin.setdefault(int(b), [0, 0])
-                            bin_[0] += int(h)
-                            bin_[1] += 1
+                        bins = np.arange(len(hits)) // POSITION_BIN
+                        np.add.at(bin_hits, bins, hits[:, 0])
+                        np.add.at(bin_counts, bins, 1)
     n = max(n_pos, 1)
     return {
         "positions": n_pos,
@@ -85,5 +85,6 @@ def measure(net, stream, emb: np.ndarray, lm_head: np.ndarray, draft_vocab: np.n
                            "chain_acceptance_length": [round(1 + float(chain[k][:d].sum()) / n, 4)
                                                        for d in range(1, n_steps + 1)]}
                   for k in sizes},
-        "top1_by_reply_position": {str(b * POSITION_BIN): round(h / c, 4) for b, (h, c) in sorted(by_bin.items())},
+        "top1_by_reply_position": {str(b * POSITION_BIN): round(float(bin_hits[b] / bin_counts[b]), 4)
+                                   for b in np.flatnonzero(bin_counts)},
     }
