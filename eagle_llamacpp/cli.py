@@ -97,6 +97,29 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
     return shards, made
 
 
+def several_folders(folders: list[Path]) -> tuple[list[Path], dict]:
+    """The shards of finished feature folders, in order, and how they were made (for the card):
+    a head goes over all the data made so far at once, e.g. after runs that each trained on one."""
+    from .training import features
+
+    manifests = [features.read_manifest(f) for f in folders]
+    for folder, m in zip(folders, manifests):
+        if not m.get("shards"):
+            raise SystemExit(f"{folder}: no feature shards (several --features folders are only read; "
+                             "make each one first)")
+    kinds = sorted({"re-encoded" if "tokens_from" in m else "self-distilled" if "generated" in m else "ShareGPT"
+                    for m in manifests})
+    shards = [f / s for f, m in zip(folders, manifests) for s in m["shards"]]
+    made = {"data": f"{' and '.join(kinds)} features of {len(folders)} folders at once",
+            **folder_rates({"n_tokens": sum(m["n_tokens"] for m in manifests),
+                            "seconds": sum(m["seconds"] for m in manifests)}),
+            "folders": [{"folder": str(f), **{k: v for k, v in m.items()
+                                              if k in ("first_conv", "next_conv", "n_tokens", "seconds")}}
+                        for f, m in zip(folders, manifests)]}
+    print(f"features: {made['tokens']} tokens in {len(folders)} folders", file=sys.stderr)
+    return shards, made
+
+
 def reencoded_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path], dict]:
     """The target's features for the sequences of the --tokens-from folders (see features.reencode)."""
     from .training import features
@@ -182,8 +205,14 @@ def cmd_train(args) -> int:
                             step_decay=args.step_decay, init_from_target=args.init_from_target,
                             intermediate_size=args.intermediate_size, int8=args.int8,
                             init_from_head=args.init_from_head or "", bf16=args.bf16)
-    feature_dir = Path(args.features) if args.features else out / ("distill" if args.self_distill else "features")
-    shards, made = make_features(args, target_path, feature_dir)
+    if args.features and len(args.features) > 1:
+        feature_dir = ", ".join(args.features)
+        shards, made = several_folders([Path(f) for f in args.features])
+        if args.tokens:
+            shards = first_tokens(shards, args.tokens)
+    else:
+        feature_dir = Path(args.features[0]) if args.features else out / ("distill" if args.self_distill else "features")
+        shards, made = make_features(args, target_path, feature_dir)
     if args.features_only:
         return 0
     if args.skip_tokens:
@@ -202,8 +231,9 @@ def cmd_train(args) -> int:
 def add_train_args(t) -> None:
     t.add_argument("--target", "-m", required=True, help="target model GGUF (llama or qwen2 family)")
     t.add_argument("--out", "-o", required=True, help="work folder: features, resumable checkpoints, head/")
-    t.add_argument("--features", help="feature folder (default: OUT/features, or OUT/distill with --self-distill); "
-                                      "several heads can train on one")
+    t.add_argument("--features", nargs="+", metavar="DIR",
+                   help="feature folder (default: OUT/features, or OUT/distill with --self-distill); several "
+                        "heads can train on one. Several folders: train on all they hold at once (made before)")
     t.add_argument("--tokens", type=int, help=f"tokens of features (prompts and replies) to make and train on "
                    f"(default: {DEFAULT_TOKENS}, or all that a --features folder holds if more)")
     t.add_argument("--self-distill", action="store_true",

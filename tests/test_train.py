@@ -649,3 +649,20 @@ def test_agreement_lines_drafts_up_with_the_tokens_the_target_emitted(chat_targe
     assert small["emitted_in_vocab"] < 0.9
     assert abs(small["top1"] - small["emitted_in_vocab"]) <= 0.02
     assert small["top1_as_trained"] >= 0.98
+
+
+def test_several_feature_folders_train_as_one(shards, distilled, tmp_path):
+    """`--features A B`: every shard of both finished folders, in order, and a card that names them;
+    a folder with no shards is a clear error, not an empty run."""
+    from eagle_llamacpp.cli import several_folders
+    from eagle_llamacpp.training.features import read_manifest
+
+    folders = [shards[0].parent, distilled[0].parent]
+    got, made = several_folders(folders)
+    assert got == list(shards) + list(distilled)
+    assert made["tokens"] == sum(read_manifest(f)["n_tokens"] for f in folders)
+    assert [f["folder"] for f in made["folders"]] == [str(f) for f in folders]
+    assert made["data"] == "ShareGPT and self-distilled features of 2 folders at once"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no feature shards"):
+        several_folders([folders[0], tmp_path / "empty"])
