@@ -206,6 +206,8 @@ def cmd_train(args) -> int:
                             intermediate_size=args.intermediate_size, int8=args.int8,
                             init_from_head=args.init_from_head or "", bf16=args.bf16)
     if args.features and len(args.features) > 1:
+        if args.self_distill or args.tokens_from:
+            raise SystemExit("several --features folders are only read: make each one alone first")
         feature_dir = ", ".join(args.features)
         shards, made = several_folders([Path(f) for f in args.features])
         if args.tokens:
