@@ -30,7 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eagle_llamacpp import cli, data
 from eagle_llamacpp.checkpoint import load_head
+from eagle_llamacpp.constants import DRAFT_VOCAB_FILE
+from eagle_llamacpp.convert import read_draft_vocab
 from eagle_llamacpp.training import agreement, distill
+from eagle_llamacpp.training.features import read_manifest
 from eagle_llamacpp.training.head_model import EagleHeadNet, HeadConfig
 from eagle_llamacpp.training.shards import ShardStream
 from eagle_llamacpp.training.train import target_tensors
@@ -41,18 +44,22 @@ def mtbench_replies(target: Path, folder: Path, max_len: int, threads: int) -> S
     if not (folder / "manifest.json").exists():
         convs = [[{"role": "user", "content": q.turns[0]}] for q in data.mtbench_questions()]
         model = cli.extraction_target(SimpleNamespace(max_len=max_len, threads=threads), target, streams=True)
-        distill.generate(model, convs, folder, max_tokens=max_len, token_budget=10**9)
-        del model
-    manifest = json.loads((folder / "manifest.json").read_text())
-    return ShardStream([folder / s for s in manifest["shards"]])
+        try:
+            distill.generate(model, convs, folder, max_tokens=max_len, token_budget=10**9)
+        finally:
+            model.close()
+    return ShardStream([folder / s for s in read_manifest(folder)["shards"]])
 
 
 def head_net(target: Path, head_dir: Path) -> tuple[EagleHeadNet, np.ndarray]:
     head = load_head(head_dir)
-    net = EagleHeadNet(replace(HeadConfig.from_target(target), intermediate_size=head.intermediate_size))
+    cfg = HeadConfig.from_target(target)
+    net = EagleHeadNet(replace(cfg, intermediate_size=head.intermediate_size))
     net.load_head(head.tensors)
-    draft_vocab = np.asarray(json.loads((head_dir / "draft_vocab.json").read_text()), np.int64)
-    return net, draft_vocab
+    draft_vocab = read_draft_vocab(head_dir, cfg.vocab_size)
+    if draft_vocab is None:
+        raise SystemExit(f"{head_dir}: no {DRAFT_VOCAB_FILE} (the head's target tokens by frequency)")
+    return net, np.asarray(draft_vocab, np.int64)
 
 
 def main() -> int:

@@ -44,7 +44,9 @@ def measure(net, stream, emb: np.ndarray, lm_head: np.ndarray, draft_vocab: np.n
     import torch
 
     sizes = tuple(min(k, len(draft_vocab)) for k in sizes)
-    heads_t = {k: torch.from_numpy(np.ascontiguousarray(lm_head[draft_vocab[:k]].T)) for k in sizes}
+    # one product with the largest vocabulary: a smaller one is its first columns (draft_vocab's prefix)
+    widest = max(sizes)
+    head_t = torch.from_numpy(np.ascontiguousarray(lm_head[draft_vocab[:widest]].T))
     n_pos = 0
     in_vocab = dict.fromkeys(sizes, 0)
     as_trained = dict.fromkeys(sizes, 0)
@@ -64,10 +66,12 @@ def measure(net, stream, emb: np.ndarray, lm_head: np.ndarray, draft_vocab: np.n
                 m = reply_mask[1:].astype(bool) & (emitted[:, 0] >= 0)
                 emitted, sel = emitted[m], torch.from_numpy(m)
                 n_pos += len(emitted)
-                for k, head_t in heads_t.items():
+                draft_logits = [p[r, :len(m)][sel] @ head_t for p in preds]
+                target_logits = f_out[r, :len(m)][sel] @ head_t
+                for k in sizes:
                     ids = draft_vocab[:k]
-                    drafted = np.stack([ids[(p[r, :len(m)][sel] @ head_t).argmax(-1).numpy()] for p in preds], 1)
-                    target_in_k = ids[(f_out[r, :len(m)][sel] @ head_t).argmax(-1).numpy()]
+                    drafted = np.stack([ids[lg[:, :k].argmax(-1).numpy()] for lg in draft_logits], 1)
+                    target_in_k = ids[target_logits[:, :k].argmax(-1).numpy()]
                     as_trained[k] += int((drafted[:, 0] == target_in_k).sum())
                     in_vocab[k] += int(np.isin(emitted[:, 0], ids).sum())
                     hits = chain_hits(drafted, emitted)
