@@ -1,4 +1,4 @@
-"""tree="auto": draft only when it pays, and verify the tree size with the best expected tokens per ms.
+"""tree="auto": draft only when it pays, and verify the tree size that adds the most to the tokens per ms.
 
 The verify latency of each tree size (one token included: plain decoding) is measured once per model
 and machine and cached. Each round, EAGLE-2's observation that a node's cumulative draft probability
@@ -6,8 +6,12 @@ predicts its acceptance gives the expected accepted tokens of the best N candida
 well that prediction has matched the acceptance observed so far, for the first drafted token and
 for deeper ones apart: a head drafts deeper levels from its own features, and oversells them more
 (the 0.5B's head on MT-bench: depth 1 accepted at 0.88 of its probability, depths 2 and 3 at 0.70
-and 0.61). The draft itself is skipped for a while (then caught up in one batched decode) when
-recent drafting rounds are predicted, that way, to lose time against plain decoding.
+and 0.61). The size chosen maximizes expected tokens minus the run's recent tokens per ms times the
+round's time: a node is worth verifying when its expected tokens per extra ms beat what the rounds
+already achieve (the ratio of sums over rounds is what a run's speed is; the best ratio within each
+round alone passed up nodes that would have raised it). The draft itself is skipped for a while
+(then caught up in one batched decode) when recent drafting rounds are predicted, that way, to lose
+time against plain decoding.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ MAX_SKIP = 16  # rounds without a draft between two probes, at most (a losing pr
 DECAY = 0.95   # per drafting round, of the accepted / predicted sums (~20 rounds of memory)
 N_CLASSES = 2  # calibrated apart: drafted depth 1, and depths 2 and beyond
 GAIN_WEIGHT = 0.25  # of the newest drafting round in the running predicted gain (~4 rounds of memory)
+RATE_DECAY = 0.98   # per round, of the emitted tokens and ms sums whose ratio prices a round's time (~50 rounds)
+RATE_PRIOR = 4.0    # rounds of plain decoding the rate starts from
 
 
 def _machine_key(target, n_threads: int, n_gpu_layers: int, flash_attn: bool | None) -> str:
@@ -103,6 +109,14 @@ class AutoPolicy:
         self.probe = True       # the next draft verifies at least one node, whatever the calibration says
         # accepted tokens per depth class the last choose() predicted, before calibration
         self.last_predicted = np.zeros(N_CLASSES)
+        # tokens emitted and ms spent (draft and verify) by recent rounds, decayed sums
+        self.tokens_sum = RATE_PRIOR
+        self.ms_sum = RATE_PRIOR * self.verify_ms[1]
+
+    @property
+    def rate(self) -> float:
+        """Tokens per ms of recent rounds: what a ms of a round is worth in tokens."""
+        return self.tokens_sum / self.ms_sum
 
     @property
     def calibration(self) -> np.ndarray:
@@ -142,10 +156,11 @@ class AutoPolicy:
 
     def _best(self, probs: np.ndarray, depths: np.ndarray,
               extra_ms: float = 0.0) -> tuple[int, float, np.ndarray]:
-        """(drafted nodes, tokens per ms, predicted accepted per depth class before calibration) of
-        the best size for candidate probabilities `probs` (descending) at `depths`; 0 nodes is plain
-        decoding. The draft already spent is sunk."""
-        best = (0, 1.0 / self.verify_ms[1], np.zeros(N_CLASSES))
+        """(drafted nodes, value, predicted accepted per depth class before calibration) of the best
+        size for candidate probabilities `probs` (descending) at `depths`; 0 nodes is plain decoding.
+        Value: expected tokens minus the round's ms at the recent rate; the draft already spent is sunk."""
+        rate = self.rate
+        best = (0, 1.0 - rate * self.verify_ms[1], np.zeros(N_CLASSES))
         by_class = np.zeros((len(probs), N_CLASSES))
         by_class[np.arange(len(probs)), np.minimum(depths, N_CLASSES) - 1] = probs
         cum = np.concatenate([np.zeros((1, N_CLASSES)), np.cumsum(by_class, axis=0)])
@@ -153,9 +168,9 @@ class AutoPolicy:
         for n, ms in self.verify_ms.items():
             if n == 1 or n - 1 > len(probs):
                 continue
-            rate = (1.0 + float(expected[n - 1])) / (ms + extra_ms)
-            if rate > best[1]:
-                best = (n - 1, rate, cum[n - 1])
+            value = 1.0 + float(expected[n - 1]) - rate * (ms + extra_ms)
+            if value > best[1]:
+                best = (n - 1, value, cum[n - 1])
         return best
 
     def choose(self, builder: TreeBuilder) -> int:
@@ -179,7 +194,7 @@ class AutoPolicy:
         round, and the rounds' draft time then ate what they gained."""
         scores, depths = builder.candidates()
         probs = np.exp(scores)
-        _, rate_now, _ = self._best(probs, depths)
+        _, value_now, _ = self._best(probs, depths)
         frontier = np.exp(builder.frontier_scores())
         n_new = min(builder.top_k * len(frontier), max(self.verify_ms) - 1)
         guess = np.outer(frontier, builder.last_conditionals()).ravel()
@@ -187,8 +202,8 @@ class AutoPolicy:
         all_probs = np.concatenate([probs, new])
         all_depths = np.concatenate([depths, np.full(len(new), depths.max() + 1)])
         order = np.argsort(-all_probs, kind="stable")
-        _, rate_next, _ = self._best(all_probs[order], all_depths[order], extra_ms=self.decode_ms)
-        return rate_next > rate_now
+        _, value_next, _ = self._best(all_probs[order], all_depths[order], extra_ms=self.decode_ms)
+        return value_next > value_now
 
     def observe(self, n_drafted: int, n_accepted: int, draft_ms: float, n_decodes: int,
                 verify_ms: float | None = None) -> None:
@@ -201,6 +216,9 @@ class AutoPolicy:
         average of such samples flips sign often enough to back off from drafts that pay on average."""
         if verify_ms is not None:
             self._update_verify_cost(n_drafted + 1, verify_ms)
+        round_ms = draft_ms + (verify_ms if verify_ms is not None else self.verify_cost(n_drafted + 1))
+        self.tokens_sum = RATE_DECAY * self.tokens_sum + 1 + n_accepted
+        self.ms_sum = RATE_DECAY * self.ms_sum + round_ms
         if n_decodes == 0:
             self.caught_up = False
             self.probe = True

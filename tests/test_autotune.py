@@ -26,6 +26,20 @@ def test_drafts_only_what_beats_plain_decoding():
     assert policy._best(np.array([0.7, 0.5]), np.array([1, 1]))[0] == 2
 
 
+def test_a_node_is_verified_when_it_beats_the_runs_own_rate():
+    # a second node adds 0.35 tokens for 6 ms: (1 + 0.9 + 0.35) / 28 is a lower ratio than
+    # (1 + 0.9) / 22 within the round, but 0.058 tokens per extra ms beats a run at plain
+    # decoding's 0.05, so it raises the run's tokens per ms
+    policy = AutoPolicy({1: 20.0, 2: 22.0, 3: 28.0})
+    probs, depths = np.array([0.9, 0.35]), np.array([1, 1])
+    assert policy._best(probs, depths)[0] == 2
+    # once rounds run at 2 tokens per 25 ms (0.08 per ms), 0.058 no longer pays
+    for _ in range(100):
+        policy.observe(policy.choose(one_guess(0.9)), n_accepted=1, draft_ms=3.0, n_decodes=1, verify_ms=22.0)
+    assert abs(policy.rate - 0.08) < 0.002
+    assert policy._best(probs, depths)[0] == 1
+
+
 def test_grows_a_level_only_where_the_draft_is_sure_enough_to_pay_for_it():
     # verify: 1 token 40 ms, 2: 42, 3: 50; a draft decode 3 ms
     policy = AutoPolicy({1: 40.0, 2: 42.0, 3: 50.0})
