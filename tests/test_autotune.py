@@ -19,10 +19,11 @@ def one_guess(p: float) -> TreeBuilder:
 
 def test_drafts_only_what_beats_plain_decoding():
     policy = AutoPolicy({1: 20.0, 2: 38.0, 3: 42.0})
-    # one likely node: 1.95 tokens per 38 ms beats 1 per 20 ms; a less likely one does not
+    # a fresh policy prices a ms at plain decoding's 1 token per 20 ms: one likely node adds 0.95
+    # tokens for 18 ms (more than 0.05 per ms), a less likely one does not
     assert policy._best(np.array([0.95]), np.array([1]))[0] == 1
     assert policy._best(np.array([0.8]), np.array([1]))[0] == 0
-    # two fair nodes pay at three verified tokens: (1 + 0.7 + 0.5) / 42 > 1 / 20
+    # two fair nodes pay at three verified tokens: 1.2 tokens for 22 ms
     assert policy._best(np.array([0.7, 0.5]), np.array([1, 1]))[0] == 2
 
 
@@ -46,12 +47,12 @@ def test_grows_a_level_only_where_the_draft_is_sure_enough_to_pay_for_it():
     policy.decode_ms = 3.0
     sure = TreeBuilder(top_k=1, depth=3, total_tokens=3)
     sure.begin(np.log(np.array([0.9, 0.05, 0.05])))
-    # next level guessed at 0.9 * 0.9: (1 + 0.9 + 0.81) / (50 + 3) beats (1 + 0.9) / 42
+    # a ms is worth 1/40 token; the next level guessed at 0.9 * 0.9: 2.71 - 53/40 beats 1.9 - 42/40
     assert policy.keep_expanding(sure)
     unsure = TreeBuilder(top_k=1, depth=3, total_tokens=3)
     unsure.begin(np.log(np.array([0.5, 0.25, 0.25])))
-    # 0.5 * 0.5: (1 + 0.5 + 0.25) / 53 loses to (1 + 0.5) / 42, though a bound at 0.5 would not:
-    # (1 + 0.5 + 0.5) / 53 > 1.5 / 42
+    # 0.5 * 0.5: 1.75 - 53/40 loses to 1.5 - 42/40, though a bound at 0.5 would not:
+    # 2.0 - 53/40 > 1.5 - 42/40
     assert not policy.keep_expanding(unsure)
 
 
