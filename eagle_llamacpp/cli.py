@@ -138,8 +138,9 @@ def reencoded_features(args, target_path: Path, feature_dir: Path) -> tuple[list
     shards = first_tokens(shards, args.tokens)
     source_manifests = [features.read_manifest(s) for s in sources]
     data = sorted({"self-distilled replies" if "generated" in m else "ShareGPT replies" for m in source_manifests})
-    made = {"data": f"{' and '.join(data)} of another model with this tokenizer ({len(sources)} feature "
-                    "folders), re-encoded by this target",
+    folders = "1 feature folder" if len(sources) == 1 else f"{len(sources)} feature folders"
+    made = {"data": f"{' and '.join(data)} of another model with this tokenizer ({folders}), re-encoded by "
+                    "this target",
             **folder_rates(features.read_manifest(feature_dir)),
             "tokens_from": [{"folder": str(s), **{k: v for k, v in m.items()
                                                   if k in ("first_conv", "next_conv", "n_conv", "n_tokens")}}
