@@ -3,10 +3,13 @@ with EAGLE-2 in the benchmark."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,6 +21,13 @@ from ._native import EagleError, library_dir, use_extra_bufts
 def repack_args() -> list[str]:
     """The same weight-repacking choice as the Python side (_native.use_extra_bufts)."""
     return [] if use_extra_bufts() else ["--no-repack"]
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec (Linux): it gets SIGTERM when the thread that started it ends,
+    even by SIGKILL (an out-of-memory kill), instead of living on with its model's memory."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _free_port() -> int:
@@ -33,7 +43,8 @@ class LlamaServer:
                  n_parallel: int = 1, log_path: Path | None = None, timeout_s: float = 120.0,
                  bin_dir: Path | None = None):
         """bin_dir: another build's bin folder (default: the library eagle_llamacpp loads); its server
-        then loads that folder's libraries, whatever build its RUNPATH names."""
+        then loads that folder's libraries, whatever build its RUNPATH names. On Linux the server ends
+        with the thread that starts it, so start it from one that outlives it."""
         binary = Path(bin_dir or library_dir()) / "llama-server"
         if not binary.exists():
             raise EagleError(f"{binary} not found: build it first (make setup)")
@@ -47,7 +58,8 @@ class LlamaServer:
                "-c", str(n_ctx), "-t", str(n_threads), "-tb", str(n_threads), "-np", str(n_parallel),
                "--no-warmup", *repack_args(), *extra_args]
         self.log = open(log_path, "w") if log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         self._wait_healthy(timeout_s, cmd)
 
     def _wait_healthy(self, timeout_s: float, cmd: list[str]) -> None:

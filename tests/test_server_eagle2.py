@@ -6,8 +6,13 @@ Equality is exact: a tree decode gives every node the logits of decoding its pat
 time (patch 0004 keeps the committed cells in position order, see test_tree_batch.py)."""
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -218,3 +223,32 @@ def test_auto_tree_is_lossless_and_drafts_only_when_it_pays(head, smollm2, smoll
     assert timed[1] >= rounds_per_request[0] // 2 > 0 and timed[2] >= timed[1] + rounds_per_request[1] // 2
     costs = [float(v) for v in re.findall(r"\d+: ([\d.]+)", tables[-1][1])]
     assert len(costs) == 7 and costs[0] > 0 and costs == sorted(costs)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_server_ends_when_the_process_that_started_it_is_killed(smollm2):
+    """An out-of-memory kill of a benchmark must not leave its servers holding their models' memory."""
+    code = ("import sys, time; from pathlib import Path; from eagle_llamacpp.llama_server import LlamaServer; "
+            "s = LlamaServer(Path(sys.argv[1]), [], n_ctx=256); print(s.proc.pid, flush=True); time.sleep(300)")
+    parent = subprocess.Popen([sys.executable, "-c", code, str(smollm2)], stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(parent.stdout.readline())
+        assert _alive(server_pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 20
+        while _alive(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(server_pid)
+    finally:
+        parent.kill()
+        if "server_pid" in locals() and _alive(server_pid):
+            os.kill(server_pid, signal.SIGKILL)
