@@ -239,6 +239,7 @@ def test_server_ends_when_the_process_that_started_it_is_killed(smollm2):
     code = ("import sys, time; from pathlib import Path; from eagle_llamacpp.llama_server import LlamaServer; "
             "s = LlamaServer(Path(sys.argv[1]), [], n_ctx=256); print(s.proc.pid, flush=True); time.sleep(300)")
     parent = subprocess.Popen([sys.executable, "-c", code, str(smollm2)], stdout=subprocess.PIPE, text=True)
+    server_pid = None
     try:
         server_pid = int(parent.stdout.readline())
         assert _alive(server_pid)
@@ -250,5 +251,5 @@ def test_server_ends_when_the_process_that_started_it_is_killed(smollm2):
         assert not _alive(server_pid)
     finally:
         parent.kill()
-        if "server_pid" in locals() and _alive(server_pid):
+        if server_pid is not None and _alive(server_pid):
             os.kill(server_pid, signal.SIGKILL)
