@@ -57,8 +57,12 @@ class PythonMethods:
         """eagle: method name -> (draft GGUF, EagleLlama keywords)."""
         from .engine import EagleLlama
 
-        self.engines = {name: EagleLlama(target, draft, n_ctx=n_ctx, n_threads=n_threads, **kw)
-                        for name, (draft, kw) in eagle.items()}
+        # one copy of the target for all: ggml copies CPU weights it repacks (and F16 on AMX CPUs)
+        # into process memory, 3 GB for the 1.5B in F16
+        self.engines: dict[str, EagleLlama] = {}
+        for name, (draft, kw) in eagle.items():
+            first = next(iter(self.engines.values()), None)
+            self.engines[name] = EagleLlama(target, draft, n_ctx=n_ctx, n_threads=n_threads, share_target=first, **kw)
         self.plain_target = next(iter(self.engines.values())).target
 
     def names(self) -> list[str]:
@@ -80,7 +84,7 @@ class PythonMethods:
                       draft_s=0.0, verify_s=gen_s, drafting_rounds=0)
 
     def close(self) -> None:
-        for llm in self.engines.values():
+        for llm in reversed(self.engines.values()):  # the first, which loaded the target, last
             llm.close()
 
 

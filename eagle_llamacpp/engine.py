@@ -78,14 +78,25 @@ class EagleLlama(CompletionMixin):
     (benchmarks/flash_attn.py), and with patch 0006 a chain-shaped verify is then still exact, but a
     node off the first branch sums its attention over other groups of cells than one-token decoding
     would, so a near-tie may round the other way (README, Known limits); True/False force it.
+
+    share_target: another engine on the same target file: this one decodes with that engine's loaded
+    target (its context and settings) instead of loading the weights again, e.g. to compare heads or
+    tree shapes on a big target. The engines take turns (each generate() starts from an emptied
+    cache), and the one that loaded the target is closed last: the drafts borrow its context.
     """
 
     def __init__(self, target_gguf: str | os.PathLike, draft_gguf: str | os.PathLike, *, n_ctx: int = 2048,
                  n_threads: int | None = None, n_gpu_layers: int = 0, flash_attn: bool | None = None,
-                 tree: str | TreeShape | tuple = "auto", n_batch: int = 512):
+                 tree: str | TreeShape | tuple = "auto", n_batch: int = 512, share_target: EagleLlama | None = None):
         n_threads = n_threads or os.cpu_count() or 2
-        self.target = TargetModel(target_gguf, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-                                  n_gpu_layers=n_gpu_layers, flash_attn=flash_attn)
+        self._owns_target = share_target is None
+        if share_target is None:
+            self.target = TargetModel(target_gguf, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                                      n_gpu_layers=n_gpu_layers, flash_attn=flash_attn)
+        elif Path(target_gguf).resolve() != share_target.target.path.resolve():
+            raise ValueError(f"share_target decodes {share_target.target.path}, not {target_gguf}")
+        else:
+            self.target = share_target.target
         self.n_ctx = nat.llama_cpp.llama_n_ctx(self.target.ctx)  # llama.cpp rounds n_ctx up
         max_shape = GPU_TREE if n_gpu_layers != 0 else CPU_TREE
         self.shape = max_shape if tree == "auto" else tree if isinstance(tree, TreeShape) else TreeShape(*tree)
@@ -93,7 +104,8 @@ class EagleLlama(CompletionMixin):
             self.draft = EagleDraft(draft_gguf, self.target, n_ctx=self.n_ctx + self.shape.depth + 1, n_batch=n_batch,
                                     n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn)
         except nat.EagleError:
-            self.target.close()  # a draft for another target: free the target now, not at GC
+            if self._owns_target:
+                self.target.close()  # a draft for another target: free the target now, not at GC
             raise
         self.model_path = str(Path(target_gguf))
         self.n_batch = nat.llama_cpp.llama_n_batch(self.target.ctx)  # llama.cpp caps it at n_ctx
@@ -111,7 +123,8 @@ class EagleLlama(CompletionMixin):
 
     def close(self) -> None:
         self.draft.close()
-        self.target.close()
+        if self._owns_target:
+            self.target.close()
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return self.target.tokenize(text, add_special)

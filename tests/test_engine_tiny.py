@@ -248,3 +248,18 @@ def test_on_round_reports_each_tree_and_its_accepted_path(engine):
         assert [int(t) for t in tree.tokens[path[1:]]] == out[k:k + len(path) - 1]
         k += len(path)  # the accepted tokens and the bonus
     assert k >= len(out) and any(len(path) > 1 for _, path in rounds)
+
+
+def test_engines_share_one_loaded_target(engine, targets):
+    """A second engine on the same target file decodes with the first one's target (one copy of the
+    weights), gives the same greedy text, and closing it leaves the first one working."""
+    prompt, greedy = PROMPT, Sampling(temperature=0.0)
+    want = list(engine.generate(prompt, 12, greedy))
+    other = EagleLlama(targets["llama"][0], engine.draft.path, n_threads=2, tree=(4, 2, 2), share_target=engine)
+    assert other.target is engine.target and other.n_ctx == engine.n_ctx
+    assert list(other.generate(prompt, 12, greedy)) == want
+    other.close()
+    assert engine.target.ctx is not None
+    assert list(engine.generate(prompt, 12, greedy)) == want
+    with pytest.raises(ValueError, match="share_target decodes"):
+        EagleLlama(targets["qwen2"][0], engine.draft.path, n_threads=2, share_target=engine)
