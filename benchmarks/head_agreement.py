@@ -43,7 +43,8 @@ def mtbench_replies(target: Path, folder: Path, max_len: int, threads: int) -> S
     """The target's greedy replies to MT-bench first turns, with their features (made once)."""
     if not (folder / "manifest.json").exists():
         convs = [[{"role": "user", "content": q.turns[0]}] for q in data.mtbench_questions()]
-        model = cli.extraction_target(SimpleNamespace(max_len=max_len, threads=threads), target, streams=True)
+        model = cli.extraction_target(SimpleNamespace(max_len=max_len, threads=threads, distill_seqs=cli.EXTRACT_SEQS),
+                                       target, streams=True)
         try:
             distill.generate(model, convs, folder, max_tokens=max_len, token_budget=10**9)
         finally:

@@ -90,3 +90,15 @@ def test_bench_compares_several_heads_in_one_run(targets, tmp_path, monkeypatch)
     assert one == {"-vocab40": drafts["-old-vocab40"]}
     with pytest.raises(SystemExit, match="distinct names"):
         bench_drafts(argparse.Namespace(draft=None, head=[str(a), str(a)], draft_vocab="40"), target, tmp_path)
+    # the in-process methods decode with one loaded copy of the target, and all give its greedy tokens
+    from eagle_llamacpp.bench import PythonMethods
+
+    py = PythonMethods(target, 2, 64, {"old": (drafts["-old-vocab40"], dict(tree=(4, 2, 2))),
+                                       "new": (drafts["-new-fullvocab"], dict(tree=(5, 2, 3)))})
+    try:
+        assert all(llm.target is py.plain_target for llm in py.engines.values())
+        q = Question(1, "writing", ("hi",))
+        runs = {name: py.run(name, [1, 300, 301], 10, q).tokens for name in py.names()}
+    finally:
+        py.close()
+    assert runs["old"] == runs["new"] == runs["plain"] and len(runs["plain"]) == 10

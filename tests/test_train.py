@@ -296,6 +296,21 @@ def test_self_distillation_resumes_with_the_same_replies(chat_target, distilled,
     assert replies(resumed) == replies(distilled)
 
 
+def test_distill_seqs_sets_the_reply_slots_and_keeps_the_replies(chat_target, distilled, tmp_path):
+    """`train --distill-seqs 7`: seven replies per decode instead of the fixture's four, the same replies."""
+    from eagle_llamacpp import _native as nat
+    from eagle_llamacpp import cli
+    from eagle_llamacpp.training.distill import generate
+
+    t = cli.extraction_target(make_features_args(distill_seqs=7), chat_target, streams=True)
+    assert nat.llama_cpp.llama_n_seq_max(t.ctx) == 7 and nat.llama_cpp.llama_n_ctx(t.ctx) >= 7 * 96
+    paths = generate(t, conversations(24), tmp_path, max_tokens=96, token_budget=10_000, shard_tokens=150,
+                     progress=False)
+    t.close()
+    seqs = sorted(tuple(s[0]) for p in paths for s in FeatureShard.load(p).sequences())
+    assert len(seqs) == 24 and seqs == sorted(tuple(s[0]) for p in distilled for s in FeatureShard.load(p).sequences())
+
+
 def test_multi_step_training_on_self_distilled_features(chat_target, distilled, tmp_path):
     cfg = TrainConfig(epochs=3, batch_size=4, lr=2e-3, warmup_steps=2, draft_vocab=64, steps=3, save_every=1000)
     head = train(chat_target, distilled, tmp_path / "a", cfg, n_threads=1, progress=False)
@@ -527,8 +542,8 @@ def make_features_args(**given):
     """`train`'s feature options as the CLI parses them, over make_features' tiny test data."""
     import argparse
 
-    return argparse.Namespace(**{**dict(self_distill=False, distill_temp=0.0, max_len=96, threads=1, tokens=None,
-                                        seed=0, first_conversation=0, tokens_from=None), **given})
+    return argparse.Namespace(**{**dict(self_distill=False, distill_temp=0.0, distill_seqs=16, max_len=96, threads=1,
+                                        tokens=None, seed=0, first_conversation=0, tokens_from=None), **given})
 
 
 def test_a_self_distilled_folder_stays_self_distilled(chat_target, distilled, monkeypatch):
