@@ -309,6 +309,8 @@ def test_distill_seqs_sets_the_reply_slots_and_keeps_the_replies(chat_target, di
     t.close()
     seqs = sorted(tuple(s[0]) for p in paths for s in FeatureShard.load(p).sequences())
     assert len(seqs) == 24 and seqs == sorted(tuple(s[0]) for p in distilled for s in FeatureShard.load(p).sequences())
+    with pytest.raises(SystemExit, match="give at least 1 reply per decode"):
+        cli.main(["train", "-m", str(chat_target), "-o", str(tmp_path / "none"), "--self-distill", "--distill-seqs", "0"])
 
 
 def test_multi_step_training_on_self_distilled_features(chat_target, distilled, tmp_path):
