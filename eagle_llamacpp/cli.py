@@ -51,7 +51,7 @@ def cmd_demo(args) -> int:
 
 DEFAULT_TOKENS = 100_000  # train --tokens
 EXTRACT_BATCH = 1024  # tokens per feature-extraction decode
-EXTRACT_SEQS = 16     # conversations per feature-extraction decode, at most; replies per self-distill decode
+EXTRACT_SEQS = 16     # conversations per feature-extraction decode, at most; --distill-seqs default
 
 
 def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path], dict]:
