@@ -60,10 +60,11 @@ class PythonMethods:
         # one copy of the target for all: ggml copies CPU weights it repacks (and F16 on AMX CPUs)
         # into process memory, 3 GB for the 1.5B in F16
         self.engines: dict[str, EagleLlama] = {}
+        first = None
         for name, (draft, kw) in eagle.items():
-            first = next(iter(self.engines.values()), None)
             self.engines[name] = EagleLlama(target, draft, n_ctx=n_ctx, n_threads=n_threads, share_target=first, **kw)
-        self.plain_target = next(iter(self.engines.values())).target
+            first = first or self.engines[name]
+        self.plain_target = first.target
 
     def names(self) -> list[str]:
         return ["plain", *self.engines]
