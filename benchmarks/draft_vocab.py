@@ -3,8 +3,8 @@
 
 The shipped head is converted once per size and type (cached); each draft drives a fixed tree, so
 that it drafts every round and its cost shows, over MT-bench first turns, greedy, interleaved with
-plain decoding. The size with the best tokens/s is the converter's default
-(constants.DEFAULT_DRAFT_VOCAB).
+plain decoding. The sizes with the best tokens/s, on targets of different weight types, set the
+converter's default rule (convert.default_draft_vocab).
 
     .venv/bin/python benchmarks/draft_vocab.py [--sizes 512,1024,2048,4096,8192,0] [--types f16,q8_0] [-N 8] [-n 96]
 

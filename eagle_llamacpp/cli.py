@@ -300,13 +300,25 @@ def bench_drafts(args, target: Path, work: Path) -> dict[str, Path]:
     folders = [Path(h) for h in args.head] if args.head else [head_for_target(target, work / "untrained-head")]
     if len({f.name for f in folders}) < len(folders):
         raise SystemExit("bench: the --head folders need distinct names (they label the rows)")
-    sizes = [int(v) for v in args.draft_vocab.split(",") if v] if args.head else [0]
+    try:
+        sizes = [None if v == "auto" else int(v) for v in args.draft_vocab.split(",") if v] if args.head else [0]
+    except ValueError:
+        raise SystemExit(f"bench: --draft-vocab takes sizes and 'auto', comma-separated (got {args.draft_vocab})")
     drafts = {}
     for folder in folders:
         name = f"-{folder.name}" if len(folders) > 1 else ""
         for n in sizes:
-            drafts[name + ("-fullvocab" if n == 0 else f"-vocab{n}")] = heads.draft_gguf(folder, target, n)
+            draft = heads.draft_gguf(folder, target, n)
+            drafts[name + draft_vocab_label(draft)] = draft
     return drafts
+
+
+def draft_vocab_label(draft: Path) -> str:
+    """-vocabN for a draft whose lm_head covers N tokens, as converted (d2t), else -fullvocab."""
+    import gguf
+
+    d2t = next((t for t in gguf.GGUFReader(draft).tensors if t.name == "d2t"), None)
+    return "-fullvocab" if d2t is None else f"-vocab{int(d2t.n_elements)}"
 
 
 def cmd_bench(args) -> int:
@@ -335,8 +347,9 @@ def add_bench_args(b) -> None:
     drafts.add_argument("--untrained", action="store_true",
                         help="a random head of the target's shape (whole vocabulary): what drafting costs when "
                              "nothing gets accepted")
-    b.add_argument("--draft-vocab", default="2048",
-                   help="with --head: comma list of draft vocabulary sizes, one auto-tree run each (0: the whole one)")
+    b.add_argument("--draft-vocab", default="auto",
+                   help="with --head: comma list of draft vocabulary sizes, one auto-tree run each (0: the whole "
+                        "one; auto: the converter's default for the target)")
     b.add_argument("--draft-model", help="a small model of the same vocabulary for upstream's draft-model "
                                          "speculation in llama-server (e.g. the 0.5B for the 1.5B)")
     b.add_argument("-N", "--n-prompts", type=int, default=8, help="MT-bench first turns, round-robin by category")

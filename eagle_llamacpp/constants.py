@@ -8,4 +8,8 @@ TARGET_NAME_KEY = "eagle2.target.name"
 # a trained head's target token ids by frequency in its training data, most frequent first: the
 # converter gives the draft an lm_head over a prefix of it (d2t); verification keeps the whole vocabulary
 DRAFT_VOCAB_FILE = "draft_vocab.json"
-DEFAULT_DRAFT_VOCAB = 2048  # benchmarks/draft_vocab.py: 1024 and 2048 fastest, same acceptance as larger (README)
+# the sizes the converter picks from when none is given, and the most of the target's weight bytes the
+# draft's lm_head rows may take: a draft decode reads them once per tree level, a verify reads the whole
+# target once, so a target whose rounds are slow against its drafts affords a bigger vocabulary (README)
+DRAFT_VOCAB_SIZES = (2048, 4096, 8192, 16384)
+DRAFT_LM_HEAD_SHARE = 0.0075

@@ -13,7 +13,8 @@ import gguf
 import numpy as np
 
 from .checkpoint import CheckpointError, EagleHead, load_head
-from .constants import DEFAULT_DRAFT_VOCAB, DRAFT_VOCAB_FILE, TARGET_ARCH_KEY, TARGET_LAYERS_KEY, TARGET_NAME_KEY
+from .constants import (DRAFT_LM_HEAD_SHARE, DRAFT_VOCAB_FILE, DRAFT_VOCAB_SIZES, TARGET_ARCH_KEY, TARGET_LAYERS_KEY,
+                        TARGET_NAME_KEY)
 from .gguf_tensors import copy_field
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
@@ -51,6 +52,8 @@ class TargetInfo:
     name: str = ""
     gguf_path: Path | None = None
     tokenizer_fields: list = field(default_factory=list)  # GGUFReader fields to copy
+    weight_bytes: int = 0    # all its tensors as stored (GGUF only)
+    lm_head_bytes: int = 0   # its output projection, or the token embeddings when they are tied
 
 
 def read_target(path: str | Path) -> TargetInfo:
@@ -78,7 +81,9 @@ def read_target(path: str | Path) -> TargetInfo:
     n_layer = int(f[f"{arch}.block_count"].contents()) if f"{arch}.block_count" in f else 0
     model_name = f["general.name"].contents() if "general.name" in f else ""
     tok_fields = [fld for key, fld in f.items() if key.startswith("tokenizer.")]
-    return TargetInfo(arch, hidden, n_vocab, n_layer, model_name, path, tok_fields)
+    sizes = {t.name: int(t.n_bytes) for t in reader.tensors}
+    lm_head_bytes = sizes.get("output.weight", sizes.get("token_embd.weight", 0))
+    return TargetInfo(arch, hidden, n_vocab, n_layer, model_name, path, tok_fields, sum(sizes.values()), lm_head_bytes)
 
 
 def check_compatible(head: EagleHead, target: TargetInfo) -> None:
@@ -158,19 +163,31 @@ def read_draft_vocab(head_dir: Path, n_vocab: int) -> list[int] | None:
     return ids
 
 
-def pick_draft_vocab(head_dir: Path, n_vocab: int, size: int | None) -> list[int] | None:
-    """The draft vocabulary to convert with: size None = DEFAULT_DRAFT_VOCAB tokens when the head lists
-    its frequent tokens (else the whole vocabulary), 0 = the whole vocabulary, N = the N most frequent."""
+def default_draft_vocab(target: TargetInfo) -> int:
+    """The draft vocabulary size for a head that lists its tokens, when none is asked for: the largest of
+    DRAFT_VOCAB_SIZES whose lm_head rows (the target's, in their own type) weigh at most
+    DRAFT_LM_HEAD_SHARE of the target's weights. The 1.5B in F16 gets 8192 (0.71%), the 0.5B Q4_K_M
+    2048 (0.40%; 8192 would be 1.61%)."""
+    if not (target.weight_bytes and target.lm_head_bytes and target.n_vocab):
+        return DRAFT_VOCAB_SIZES[0]
+    row_bytes = target.lm_head_bytes / target.n_vocab
+    fits = [n for n in DRAFT_VOCAB_SIZES if n * row_bytes <= DRAFT_LM_HEAD_SHARE * target.weight_bytes]
+    return max(fits, default=DRAFT_VOCAB_SIZES[0])
+
+
+def pick_draft_vocab(head_dir: Path, target: TargetInfo, size: int | None) -> list[int] | None:
+    """The draft vocabulary to convert with: size None = default_draft_vocab(target) tokens when the head
+    lists its frequent tokens (else the whole vocabulary), 0 = the whole vocabulary, N = the N most frequent."""
     if size is not None and size < 0:
         raise ConvertError(f"--draft-vocab must be >= 0 (got {size})")
-    ids = read_draft_vocab(head_dir, n_vocab)
+    ids = read_draft_vocab(head_dir, target.n_vocab)
     if size == 0 or (ids is None and size is None):
         return None
     if ids is None:
         raise ConvertError(f"--draft-vocab {size}: the head has no {DRAFT_VOCAB_FILE} (its tokens by frequency); "
                            "heads trained with `eagle-llamacpp train` have one. Use --draft-vocab 0.")
-    n = DEFAULT_DRAFT_VOCAB if size is None else size
-    if n >= n_vocab:
+    n = min(default_draft_vocab(target), len(ids)) if size is None else size
+    if n >= target.n_vocab:
         return None  # no smaller than the whole vocabulary
     if n > len(ids):
         raise ConvertError(f"--draft-vocab {n}: {DRAFT_VOCAB_FILE} lists only {len(ids)} tokens")
@@ -192,7 +209,7 @@ def convert(head_dir: str | Path, outfile: str | Path, *, target: str | Path, ou
     check_compatible(head, tgt)
     if tgt.gguf_path is None:
         raise ConvertError("--target must be the target's GGUF: the draft GGUF copies its tokenizer from it")
-    vocab_ids = pick_draft_vocab(Path(head_dir), tgt.n_vocab, draft_vocab)
+    vocab_ids = pick_draft_vocab(Path(head_dir), tgt, draft_vocab)
 
     tmp = outfile.with_name(f".{outfile.name}.tmp{os.getpid()}")
     writer = gguf.GGUFWriter(tmp, "eagle2")
@@ -250,7 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store the target's token embeddings and lm_head in the draft GGUF")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="the draft's lm_head covers the head's N most frequent target tokens (draft_vocab.json); "
-                        f"0 = the whole vocabulary (default: {DEFAULT_DRAFT_VOCAB} when the head lists its tokens)")
+                        "0 = the whole vocabulary (default, when the head lists its tokens: sized to the target, "
+                        f"the largest of {', '.join(map(str, DRAFT_VOCAB_SIZES))} whose lm_head rows weigh at "
+                        f"most {DRAFT_LM_HEAD_SHARE:.2%} of its weights)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--no-progress", action="store_true")
     return p

@@ -25,17 +25,19 @@ def shipped_head(target: PackagedModel) -> Path:
 
 def draft_gguf(head_dir: Path, target_gguf: Path, draft_vocab: int | None = None, outtype: str = "q8_0") -> Path:
     """The head converted for target_gguf, cached by the head's and the target's contents.
-    draft_vocab: as convert() takes it (None: the default draft vocabulary, 0: the whole vocabulary);
-    outtype: the draft's weight type, as convert() takes it. q8_0 by default: on the 2-core CPU it
-    drafted in 24% less time than f16 with the same acceptance (benchmarks/draft_vocab.py --types)."""
-    from .convert import convert
+    draft_vocab: as convert() takes it (None: the default size, chosen for the target; 0: the whole
+    vocabulary); outtype: the draft's weight type, as convert() takes it. q8_0 by default: on the
+    2-core CPU it drafted in 24% less time than f16 with the same acceptance
+    (benchmarks/draft_vocab.py --types)."""
+    from .convert import convert, default_draft_vocab, read_target
 
     h = hashlib.sha256()
     for f in sorted(head_dir.iterdir()):
         if f.suffix in (".json", ".safetensors"):
             h.update(f.name.encode() + f.read_bytes())
     h.update(target_gguf.name.encode() + str(target_gguf.stat().st_size).encode())
-    vocab = "default" if draft_vocab is None else str(draft_vocab)
+    # the default's size goes into the name: a draft converted under another sizing rule is not reused
+    vocab = f"default{default_draft_vocab(read_target(target_gguf))}" if draft_vocab is None else str(draft_vocab)
     h.update(b"draft_vocab=" + vocab.encode())
     out = cache_dir() / "drafts" / h.hexdigest()[:16] / f"{head_dir.name}-eagle2-{outtype}-vocab{vocab}.gguf"
     if not out.exists():

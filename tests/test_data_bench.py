@@ -88,6 +88,12 @@ def test_bench_compares_several_heads_in_one_run(targets, tmp_path, monkeypatch)
     assert len(set(drafts.values())) == 4 and all(p.exists() for p in drafts.values())
     one = bench_drafts(argparse.Namespace(draft=None, head=[str(a)], draft_vocab="40"), target, tmp_path)
     assert one == {"-vocab40": drafts["-old-vocab40"]}
+    # auto: the converter's default, labelled by the size it came out at (here all 297 listed tokens,
+    # fewer than the default size)
+    auto = bench_drafts(argparse.Namespace(draft=None, head=[str(a)], draft_vocab="auto"), target, tmp_path)
+    assert list(auto) == ["-vocab297"]
+    with pytest.raises(SystemExit, match="sizes and 'auto'"):
+        bench_drafts(argparse.Namespace(draft=None, head=[str(a)], draft_vocab="big"), target, tmp_path)
     with pytest.raises(SystemExit, match="distinct names"):
         bench_drafts(argparse.Namespace(draft=None, head=[str(a), str(a)], draft_vocab="40"), target, tmp_path)
     # the in-process methods decode with one loaded copy of the target, and all give its greedy tokens

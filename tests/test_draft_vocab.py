@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from eagle_llamacpp import _native as nat
-from eagle_llamacpp.convert import ConvertError, convert
+from eagle_llamacpp import convert as convert_module
+from eagle_llamacpp.convert import ConvertError, TargetInfo, convert, default_draft_vocab, read_target
 from eagle_llamacpp.draft import EagleDraft, TargetModel
 from eagle_llamacpp.gguf_tensors import copy_metadata
 
@@ -92,6 +93,40 @@ def test_default_and_bad_sizes(head_folder, targets, tmp_path):
     (head / "draft_vocab.json").write_text(json.dumps([5, 6, 100000]))
     with pytest.raises(ConvertError, match="within the target"):
         convert(head, tmp_path / "e.gguf", target=target, draft_vocab=2)
+
+
+def test_the_default_size_follows_the_targets_weight_bytes():
+    """The largest size whose lm_head rows weigh at most 0.75% of the target's weights; the smallest
+    size when none does, or when the sizes are unknown (a target given as an HF folder)."""
+    def target(weight_mb):  # 100,000 tokens, rows of 1,000 bytes
+        return TargetInfo("qwen2", 64, 100_000, weight_bytes=weight_mb * 10**6, lm_head_bytes=10**8)
+
+    # 4096 rows (4.096 MB) need 546.1 MB of weights
+    assert [default_draft_vocab(target(mb)) for mb in (100, 300, 546, 547, 1100, 2200, 9000)] == \
+        [2048, 2048, 2048, 4096, 8192, 16384, 16384]
+    assert default_draft_vocab(TargetInfo("qwen2", 64, 100_000)) == 2048
+
+
+def test_read_target_counts_the_weight_bytes(smollm2):
+    info = read_target(smollm2)
+    tensors = gguf.GGUFReader(smollm2).tensors
+    assert info.weight_bytes == sum(int(t.n_bytes) for t in tensors)
+    # tied embeddings: the lm_head is token_embd, 49,152 rows of q8_0
+    assert info.lm_head_bytes == next(int(t.n_bytes) for t in tensors if t.name == "token_embd.weight")
+    assert default_draft_vocab(info) == 2048  # 2048 rows are 1.3% of its 97 MB: the smallest size
+
+
+@pytest.mark.parametrize("share,expected", [(1.0, 64), (1e-6, 16)])
+def test_convert_sizes_the_default_vocabulary_by_the_rule(share, expected, head_folder, targets, tmp_path,
+                                                         monkeypatch):
+    """draft_vocab=None converts with default_draft_vocab's size (sizes scaled to the tiny target)."""
+    target = targets["llama"][0]
+    monkeypatch.setattr(convert_module, "DRAFT_VOCAB_SIZES", (16, 32, 64))
+    monkeypatch.setattr(convert_module, "DRAFT_LM_HEAD_SHARE", share)
+    head = with_vocab(head_folder("llama")[0], tmp_path, range(3, 303))
+    out = convert(head, tmp_path / "default.gguf", target=target)
+    d2t = next(t for t in gguf.GGUFReader(out).tensors if t.name == "d2t")
+    assert np.array_equal(np.asarray(d2t.data), np.arange(3, 3 + expected))
 
 
 def rewrite_d2t(src, dst, change) -> None:
