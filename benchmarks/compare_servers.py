@@ -32,7 +32,8 @@ def main() -> None:
     ap.add_argument("--target", type=Path, help="a GGUF of your own instead of --models")
     ap.add_argument("--head", type=Path, help="head folder (default: the shipped head of --models)")
     ap.add_argument("-md", "--draft", type=Path, help="a draft GGUF instead of --head")
-    ap.add_argument("--draft-vocab", type=int, default=2048)
+    ap.add_argument("--draft-vocab", type=int, default=None,
+                    help="draft vocabulary the head is converted with (default: the converter's, sized to the target)")
     ap.add_argument("-N", "--prompts", type=int, default=16)
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)

@@ -12,4 +12,4 @@ DRAFT_VOCAB_FILE = "draft_vocab.json"
 # draft's lm_head rows may take: a draft decode reads them once per tree level, a verify reads the whole
 # target once, so a target whose rounds are slow against its drafts affords a bigger vocabulary (README)
 DRAFT_VOCAB_SIZES = (2048, 4096, 8192, 16384)
-DRAFT_LM_HEAD_SHARE = 0.0075
+DRAFT_LM_HEAD_SHARE = 0.01

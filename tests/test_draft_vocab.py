@@ -96,14 +96,14 @@ def test_default_and_bad_sizes(head_folder, targets, tmp_path):
 
 
 def test_the_default_size_follows_the_targets_weight_bytes():
-    """The largest size whose lm_head rows weigh at most 0.75% of the target's weights; the smallest
+    """The largest size whose lm_head rows weigh at most 1% of the target's weights; the smallest
     size when none does, or when the sizes are unknown (a target given as an HF folder)."""
     def target(weight_mb):  # 100,000 tokens, rows of 1,000 bytes
         return TargetInfo("qwen2", 64, 100_000, weight_bytes=weight_mb * 10**6, lm_head_bytes=10**8)
 
-    # 4096 rows (4.096 MB) need 546.1 MB of weights
-    assert [default_draft_vocab(target(mb)) for mb in (100, 300, 546, 547, 1100, 2200, 9000)] == \
-        [2048, 2048, 2048, 4096, 8192, 16384, 16384]
+    # 4096 rows (4.096 MB) need 409.6 MB of weights
+    assert [default_draft_vocab(target(mb)) for mb in (100, 409, 410, 819, 820, 1700, 9000)] == \
+        [2048, 2048, 4096, 4096, 8192, 16384, 16384]
     assert default_draft_vocab(TargetInfo("qwen2", 64, 100_000)) == 2048
 
 
