@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """llama-server's EAGLE-2 with two builds (a patch's before and after) and llama-server without
-speculation, on MT-bench first turns, greedy: each prompt goes to every server in turn (the first
+speculation with each build (server-plain is the after build's), on MT-bench first turns, greedy: each prompt goes to every server in turn (the first
 server rotates), so that a change of machine load hits them all alike.
 
     .venv/bin/python benchmarks/compare_servers.py --bin <before>/bin --bin build/bin
@@ -62,8 +62,9 @@ def main() -> None:
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     eagle2 = ["-md", str(draft), *EAGLE2_ARGS]
-    servers = {"server-plain": [], "before": eagle2, "after": eagle2}
-    bins = {"server-plain": args.bin[1], "before": args.bin[0], "after": args.bin[1]}
+    # plain decoding with both builds too: a kernel or memory patch changes it as well
+    servers = {"server-plain": [], "server-plain-before": [], "before": eagle2, "after": eagle2}
+    bins = {"server-plain": args.bin[1], "server-plain-before": args.bin[0], "before": args.bin[0], "after": args.bin[1]}
     srv = ServerMethods(target, servers, args.threads, 2048, args.out.parent, bin_dirs=bins)
     results = []
     try:

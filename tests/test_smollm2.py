@@ -56,3 +56,26 @@ def test_target_features_equal_chain_decoding(smollm2):
     emb = dequantized(smollm2, "token_embd.weight")
     lg = target.logits(len(toks) - 1)
     assert int(np.argmax(batch_feats[-1] @ emb.T)) == int(np.argmax(lg))
+
+
+def test_large_cpu_buffers_are_on_transparent_huge_pages(smollm2):
+    """Patch 0014: ggml's CPU buffers of 2 MiB and more (here SmolLM2's weights, 97 MB) ask for
+    transparent huge pages. Checked in a fresh process, whose only huge pages are then ggml's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not mode.exists() or "[never]" in mode.read_text():
+        pytest.skip("this system gives no transparent huge pages")
+    script = ("import sys\n"
+              "from eagle_llamacpp.draft import TargetModel\n"
+              "def huge_kb():\n"
+              "    text = open('/proc/self/smaps_rollup').read()\n"
+              "    return int(text.split('AnonHugePages:')[1].split()[0])\n"
+              "before = huge_kb()\n"
+              "t = TargetModel(sys.argv[1], n_ctx=256, n_threads=1)\n"
+              "print(before, huge_kb())\n")
+    out = subprocess.run([sys.executable, "-c", script, str(smollm2)], capture_output=True, text=True, check=True)
+    before, after = map(int, out.stdout.split()[-2:])
+    assert after - before >= 32 * 1024, (before, after)  # at least 32 MB of the weights on 2 MiB pages
