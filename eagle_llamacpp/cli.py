@@ -303,7 +303,8 @@ def bench_drafts(args, target: Path, work: Path) -> dict[str, Path]:
     try:
         sizes = [None if v == "auto" else int(v) for v in args.draft_vocab.split(",") if v] if args.head else [0]
     except ValueError:
-        raise SystemExit(f"bench: --draft-vocab takes sizes and 'auto', comma-separated (got {args.draft_vocab})")
+        raise SystemExit(f"bench: --draft-vocab takes sizes and 'auto', comma-separated (got {args.draft_vocab})") \
+            from None
     drafts = {}
     for folder in folders:
         name = f"-{folder.name}" if len(folders) > 1 else ""
