@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """llama-server's EAGLE-2 with two builds (a patch's before and after) and llama-server without
-speculation with each build (server-plain is the after build's), on MT-bench first turns, greedy: each prompt goes to every server in turn (the first
-server rotates), so that a change of machine load hits them all alike.
+speculation with each build (server-plain is the after build's), on MT-bench first turns, greedy:
+each prompt goes to every server in turn (the first server rotates), so that a change of machine
+load hits them all alike.
 
     .venv/bin/python benchmarks/compare_servers.py --bin <before>/bin --bin build/bin
         [--models qwen2.5-coder-0.5b | --target x.gguf] [--head heads/... | -md draft.gguf] [-N 16] [-n 128]
@@ -64,7 +65,8 @@ def main() -> None:
     eagle2 = ["-md", str(draft), *EAGLE2_ARGS]
     # plain decoding with both builds too: a kernel or memory patch changes it as well
     servers = {"server-plain": [], "server-plain-before": [], "before": eagle2, "after": eagle2}
-    bins = {"server-plain": args.bin[1], "server-plain-before": args.bin[0], "before": args.bin[0], "after": args.bin[1]}
+    bins = {"server-plain": args.bin[1], "server-plain-before": args.bin[0], "before": args.bin[0],
+            "after": args.bin[1]}
     srv = ServerMethods(target, servers, args.threads, 2048, args.out.parent, bin_dirs=bins)
     results = []
     try:
