@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-SIZES = (1, 2, 3, 4, 6, 8)
+SIZES = (1, 2, 3, 4, 5, 6, 7, 8)
 CONTEXTS = (160, 600)
 
 

@@ -4,10 +4,11 @@ target's own only if a near-tie rounds the same way in both.
 On the CPU, ggml hands matrix products of 2 or more rows to llamafile's sgemm and a single row to its
 own dot product; for F16 matrices (an F16 model's weights, the K/V cache without flash attention)
 the two summed in another order. Patch 0006 sends a single F16 row through sgemm too. On AMX CPUs
-(repacked weights) a batch of 2-4 rows runs the avx512-vnni kernels that one row runs (patch 0008;
+(repacked weights) a batch of 2-8 rows runs the avx512-vnni kernels that one row runs (patch 0008;
 the Q8_0, Q4_K and Q6_K ones take the rows in one call, each row summed in the single-row order,
-patch 0010), and 5-7 rows run AMX tiles, which round as those kernels do. Q5_0 matrices are
-repacked as Q8_0 there (patch 0009). CPU flash attention split a single row's KV cells across
+patch 0010; 5-8 rows ran AMX tiles, which round as those kernels do, before patch 0015), and an F16
+row sums in the same order in any block of rows. Q5_0 matrices are repacked as Q8_0 there (patch
+0009). CPU flash attention split a single row's KV cells across
 threads once the cache view held 512 cells (past 256 tokens), summing that row in another order
 than a batch gets; patch 0011 leaves that split out.
 """
