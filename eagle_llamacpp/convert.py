@@ -54,6 +54,8 @@ class TargetInfo:
     tokenizer_fields: list = field(default_factory=list)  # GGUFReader fields to copy
     weight_bytes: int = 0    # all its tensors as stored (GGUF only)
     lm_head_bytes: int = 0   # its output projection, or the token embeddings when they are tied
+    # GGUFReader tensors by name (GGUF only): reading a GGUF again takes seconds, mostly its vocabulary
+    tensors: dict = field(default_factory=dict, repr=False)
 
 
 def read_target(path: str | Path) -> TargetInfo:
@@ -81,9 +83,11 @@ def read_target(path: str | Path) -> TargetInfo:
     n_layer = int(f[f"{arch}.block_count"].contents()) if f"{arch}.block_count" in f else 0
     model_name = f["general.name"].contents() if "general.name" in f else ""
     tok_fields = [fld for key, fld in f.items() if key.startswith("tokenizer.")]
-    sizes = {t.name: int(t.n_bytes) for t in reader.tensors}
-    lm_head_bytes = sizes.get("output.weight", sizes.get("token_embd.weight", 0))
-    return TargetInfo(arch, hidden, n_vocab, n_layer, model_name, path, tok_fields, sum(sizes.values()), lm_head_bytes)
+    tensors = {t.name: t for t in reader.tensors}
+    weight_bytes = sum(int(t.n_bytes) for t in tensors.values())
+    has_lm_head = bool({"output.weight", "token_embd.weight"} & tensors.keys())
+    lm_head_bytes = int(_lm_head(tensors).n_bytes) if has_lm_head else 0
+    return TargetInfo(arch, hidden, n_vocab, n_layer, model_name, path, tok_fields, weight_bytes, lm_head_bytes, tensors)
 
 
 def check_compatible(head: EagleHead, target: TargetInfo) -> None:
@@ -110,10 +114,6 @@ def _cast(arr: np.ndarray, outtype: str):
     if qtype == gguf.GGMLQuantizationType.Q8_0 and arr.shape[-1] % 32:
         return arr.astype(np.float16), None
     return gguf.quants.quantize(arr.astype(np.float32), qtype), qtype
-
-
-def _target_tensors(target: TargetInfo) -> dict:
-    return {t.name: t for t in gguf.GGUFReader(target.gguf_path).tensors}
 
 
 def _add_raw(writer, name: str, t, rows: np.ndarray | None = None) -> None:
@@ -239,7 +239,7 @@ def convert(head_dir: str | Path, outfile: str | Path, *, target: str | Path, ou
             data, raw_dtype = _cast(arr, outtype)
             writer.add_tensor(TENSOR_MAP[name], data, raw_dtype=raw_dtype)
         if embed_target_head or vocab_ids is not None:
-            tensors = _target_tensors(tgt)
+            tensors = tgt.tensors
             if embed_target_head:
                 _copy_target_tensors(writer, tensors, with_output=vocab_ids is None)
             if vocab_ids is not None:
