@@ -183,7 +183,7 @@ def test_llamacpp_decodes_after_bf16_training_in_one_process(tmp_path):
     from tiny_models import write_target
 
     model = tmp_path / "q5_0.gguf"
-    write_target(model, "qwen2", n_head_kv=2, q5_0=True)  # Q5_0: repacked for the AMX kernels
+    write_target(model, "qwen2", n_head_kv=2, quant="Q5_0")  # Q5_0: repacked for the AMX kernels
     script = f"""
 import numpy as np, torch
 from eagle_llamacpp import _native as nat

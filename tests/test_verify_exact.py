@@ -8,9 +8,10 @@ the two summed in another order. Patch 0006 sends a single F16 row through sgemm
 the Q8_0, Q4_K and Q6_K ones take the rows in one call, each row summed in the single-row order,
 patch 0010; 5-8 rows ran AMX tiles, which round as those kernels do, before patch 0015), and an F16
 row sums in the same order in any block of rows. Q5_0 matrices are repacked as Q8_0 there (patch
-0009). CPU flash attention split a single row's KV cells across threads once the cache view held
-512 cells (past 256 tokens), summing that row in another order than a batch gets; patch 0011 leaves
-that split out.
+0009). Elsewhere, Q8_0 and Q5_0 batches on AVX512-VNNI take patch 0016's kernel, which sums each
+row as ggml's single-row dot product does. CPU flash attention split a single row's KV cells across
+threads once the cache view held 512 cells (past 256 tokens), summing that row in another order
+than a batch gets; patch 0011 leaves that split out.
 """
 
 import numpy as np
@@ -28,17 +29,17 @@ def f16_target(tiny_dir):
     return path
 
 
-def assert_chains_verify_exactly(path, flash_attn, n_prefix=21):
-    model = TargetModel(path, n_ctx=n_prefix + 64, n_batch=max(32, n_prefix), flash_attn=flash_attn)
+def assert_chains_verify_exactly(path, flash_attn, n_prefix=21, **kw):
+    model = TargetModel(path, n_ctx=n_prefix + 64, n_batch=max(32, n_prefix), flash_attn=flash_attn, **kw)
     rng = np.random.default_rng(0)
     prefix = rng.integers(3, model.n_vocab, n_prefix)
-    chain = rng.integers(3, model.n_vocab, 8)
+    chain = rng.integers(3, model.n_vocab, 9)
     model.decode(prefix, np.arange(len(prefix)))
     one_by_one = []
     for i, token in enumerate(chain):
         model.decode([token], [len(prefix) + i])
         one_by_one.append(model.logits(0).copy())
-    for n in range(2, 8):  # the CPU trees the engine verifies: up to 7 tokens
+    for n in range(2, 9):  # the CPU trees the engine verifies (up to 7 tokens) and llama-server's 8
         for start in (0, 1):
             nat.seq_rm(model.ctx, 0, len(prefix))
             if start:  # the verify's root sits after a committed token, as after a round
@@ -69,12 +70,19 @@ def test_chain_verify_equals_one_token_decoding_on_smollm2(smollm2):
 @pytest.fixture(scope="module")
 def q5_0_target(tiny_dir):
     path = tiny_dir / "target-qwen2-q5_0.gguf"
-    write_target(path, "qwen2", n_head_kv=2, q5_0=True, seed=6)
+    write_target(path, "qwen2", n_head_kv=2, quant="Q5_0", seed=6)
     return path
 
 
 def test_chain_verify_equals_one_token_decoding_on_q5_0_weights(q5_0_target):
     assert_chains_verify_exactly(q5_0_target, flash_attn=True)
+
+
+def test_chain_verify_equals_one_token_decoding_on_q8_0_weights(tiny_dir):
+    """Q8_0: a Q4_K_M GGUF's output matrix when its rows can't take K-quants (Qwen2.5-0.5B)."""
+    path = tiny_dir / "target-qwen2-q8_0.gguf"
+    write_target(path, "qwen2", n_head_kv=2, quant="Q8_0", seed=7)
+    assert_chains_verify_exactly(path, flash_attn=True)
 
 
 def test_repacked_q5_0_weights_give_the_logits_of_unrepacked_ones(q5_0_target):
@@ -88,3 +96,31 @@ def test_repacked_q5_0_weights_give_the_logits_of_unrepacked_ones(q5_0_target):
         model.close()
     assert np.abs(logits[False]).max() > 0.1
     np.testing.assert_allclose(logits[True], logits[False], rtol=0, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def q4_k_m_target(tiny_dir):
+    """A tiny target quantized by llama.cpp to Q4_K_M (Q4_K and Q6_K matrices, rows of 256)."""
+    import ctypes
+
+    import llama_cpp
+
+    src = tiny_dir / "target-qwen2-f32-256.gguf"
+    write_target(src, "qwen2", n_embd=256, n_ff=512, n_head_kv=2, seed=8)
+    dest = tiny_dir / "target-qwen2-q4_k_m.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.nthread = 2
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dest).encode(), ctypes.byref(params)) == 0
+    return dest
+
+
+@pytest.mark.parametrize("repack", [True, False], ids=["repacked", "not-repacked"])
+def test_chain_verify_equals_one_token_decoding_on_k_quants(q4_k_m_target, repack):
+    """Q4_K weights repacked for AVX2 run gemm for 4 rows and more; K-quants not repacked run the
+    tiled kernels from 8 rows: patch 0017 keeps verify batches of up to 8 rows on the one-row kernels."""
+    import gguf
+
+    types = {t.tensor_type.name for t in gguf.GGUFReader(q4_k_m_target).tensors}
+    assert {"Q4_K", "Q6_K"} <= types, types
+    assert_chains_verify_exactly(q4_k_m_target, flash_attn=True, repack=repack)

@@ -20,10 +20,11 @@ def _vocab():
 
 
 def write_target(path: Path, arch: str, *, n_embd=64, n_layer=2, n_head=4, n_head_kv=4, n_ff=128,
-                 seed=0, tied=False, name=None, chat_template=None, f16=False, q5_0=False) -> dict:
+                 seed=0, tied=False, name=None, chat_template=None, f16=False, quant=None) -> dict:
     """Writes a random target GGUF (f32; with f16, its matrices in f16 as in an F16 GGUF, norms and
-    biases f32; with q5_0, its matrices in Q5_0, the type a Q4_K_M GGUF gives rows K-quants can't
-    split) and returns its tensors (numpy order; q5_0 ones as written, quantized) for reference checks."""
+    biases f32; with quant "Q5_0" or "Q8_0", its matrices in that type, the ones a Q4_K_M GGUF gives rows
+    K-quants can't split) and returns its tensors (numpy order; quantized ones as written) for
+    reference checks."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -79,10 +80,10 @@ def write_target(path: Path, arch: str, *, n_embd=64, n_layer=2, n_head=4, n_hea
     if f16:
         out = {name: arr.astype(np.float16) if arr.ndim == 2 else arr for name, arr in out.items()}
     for name, arr in out.items():
-        if q5_0 and arr.ndim == 2:
-            q5 = gguf.GGMLQuantizationType.Q5_0
-            out[name] = arr = gguf.quants.quantize(arr, q5)
-            w.add_tensor(name, arr, raw_dtype=q5)
+        if quant and arr.ndim == 2:
+            qtype = gguf.GGMLQuantizationType[quant]
+            out[name] = arr = gguf.quants.quantize(arr, qtype)
+            w.add_tensor(name, arr, raw_dtype=qtype)
         else:
             w.add_tensor(name, arr)
     w.write_header_to_file()
