@@ -117,8 +117,9 @@ def q4_k_m_target(tiny_dir):
 
 @pytest.mark.parametrize("repack", [True, False], ids=["repacked", "not-repacked"])
 def test_chain_verify_equals_one_token_decoding_on_k_quants(q4_k_m_target, repack):
-    """Q4_K weights repacked for AVX2 run gemm for 4 rows and more; K-quants not repacked run the
-    tiled kernels from 8 rows: patch 0017 keeps verify batches of up to 8 rows on the one-row kernels."""
+    """Q4_K weights repacked for AVX2 ran gemm for 4 rows and more, K-quants not repacked the tiled
+    kernels from 8 rows: patch 0017 keeps verify batches of up to 8 rows on the one-row kernels, and
+    patch 0018 takes up to 8 rows of Q6_K in one pass that sums each as the one-row kernel does."""
     import gguf
 
     types = {t.tensor_type.name for t in gguf.GGUFReader(q4_k_m_target).tensors}
