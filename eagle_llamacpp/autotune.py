@@ -9,7 +9,8 @@ for deeper ones apart: a head drafts deeper levels from its own features, and ov
 and 0.61). The size chosen maximizes expected tokens minus the run's recent tokens per ms times the
 round's time: a node is worth verifying when its expected tokens per extra ms beat what the rounds
 already achieve (the ratio of sums over rounds is what a run's speed is; the best ratio within each
-round alone passed up nodes that would have raised it). The draft itself is skipped for a while
+round alone passed up nodes that would have raised it), and never below plain decoding's rate, which
+a round's time buys without a draft. The draft itself is skipped for a while
 (then caught up in one batched decode) when recent drafting rounds are predicted, that way, to lose
 time against plain decoding.
 """
@@ -115,8 +116,10 @@ class AutoPolicy:
 
     @property
     def rate(self) -> float:
-        """Tokens per ms of recent rounds: what a ms of a round is worth in tokens."""
-        return self.tokens_sum / self.ms_sum
+        """Tokens per ms of recent rounds: what a ms of a round is worth in tokens. Never less than
+        plain decoding's one token per verify of one: that is what the ms would buy without a draft,
+        and a run that falls behind it must not take its own low rate as leave to verify more."""
+        return max(self.tokens_sum / self.ms_sum, 1.0 / self.verify_ms[1])
 
     @property
     def calibration(self) -> np.ndarray:

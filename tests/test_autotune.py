@@ -41,6 +41,18 @@ def test_a_node_is_verified_when_it_beats_the_runs_own_rate():
     assert policy._best(probs, depths)[0] == 1
 
 
+def test_a_run_behind_plain_decoding_still_prices_its_time_at_plain_decodings_rate():
+    policy = AutoPolicy({1: 20.0, 2: 38.0})
+    # rounds that emit 1 token per 30 ms (slower than plain decoding's 20): a ms is still worth 1/20
+    # token, so one node at 0.8 (1.8 tokens for 38 ms against 1 for 20) is not verified; priced at the
+    # run's own 1/30 it would be (1.8 - 38/30 > 1 - 20/30)
+    for _ in range(200):
+        policy.observe(n_drafted=0, n_accepted=0, draft_ms=10.0, n_decodes=1, verify_ms=20.0)
+    assert policy.tokens_sum / policy.ms_sum < 0.04
+    assert policy.rate == 1 / 20.0
+    assert policy._best(np.array([0.8]), np.array([1]))[0] == 0
+
+
 def test_grows_a_level_only_where_the_draft_is_sure_enough_to_pay_for_it():
     # verify: 1 token 40 ms, 2: 42, 3: 50; a draft decode 3 ms
     policy = AutoPolicy({1: 40.0, 2: 42.0, 3: 50.0})
