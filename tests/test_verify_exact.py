@@ -120,7 +120,8 @@ def q4_k_m_target(tiny_dir):
 def test_chain_verify_equals_one_token_decoding_on_k_quants(q4_k_m_target, repack):
     """Q4_K weights repacked for AVX2 ran gemm for 4 rows and more, K-quants not repacked the tiled
     kernels from 8 rows: patch 0017 keeps verify batches of up to 8 rows on the one-row kernels, and
-    patch 0018 takes up to 8 rows of Q6_K in one pass that sums each as the one-row kernel does."""
+    patches 0018 and 0020 take up to 8 rows of Q6_K and of repacked Q4_K in passes that sum each row
+    as the one-row kernel does."""
     import gguf
 
     types = {t.tensor_type.name for t in gguf.GGUFReader(q4_k_m_target).tensors}
