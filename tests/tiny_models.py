@@ -22,8 +22,8 @@ def _vocab():
 def write_target(path: Path, arch: str, *, n_embd=64, n_layer=2, n_head=4, n_head_kv=4, n_ff=128,
                  seed=0, tied=False, name=None, chat_template=None, f16=False, quant=None) -> dict:
     """Writes a random target GGUF (f32; with f16, its matrices in f16 as in an F16 GGUF, norms and
-    biases f32; with quant "Q5_0" or "Q8_0", its matrices in that type, the ones a Q4_K_M GGUF gives rows
-    K-quants can't split) and returns its tensors (numpy order; quantized ones as written) for
+    biases f32; with quant "Q5_0" or "Q8_0", its matrices in that type, the ones a Q4_K_M GGUF gives
+    rows K-quants can't split) and returns its tensors (numpy order; quantized ones as written) for
     reference checks."""
     import gguf
 
