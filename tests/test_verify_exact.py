@@ -71,7 +71,8 @@ def test_chain_verify_equals_one_token_decoding_on_smollm2(smollm2):
 @pytest.fixture(scope="module")
 def q5_0_target(tiny_dir):
     path = tiny_dir / "target-qwen2-q5_0.gguf"
-    write_target(path, "qwen2", n_head_kv=2, quant="Q5_0", seed=6)
+    # rows of 8-16 blocks: a kernel that sums a row's blocks otherwise than one-token decoding shows
+    write_target(path, "qwen2", n_embd=256, n_ff=512, n_head_kv=2, quant="Q5_0", seed=6)
     return path
 
 
@@ -82,7 +83,7 @@ def test_chain_verify_equals_one_token_decoding_on_q5_0_weights(q5_0_target):
 def test_chain_verify_equals_one_token_decoding_on_q8_0_weights(tiny_dir):
     """Q8_0: a Q4_K_M GGUF's output matrix when its rows can't take K-quants (Qwen2.5-0.5B)."""
     path = tiny_dir / "target-qwen2-q8_0.gguf"
-    write_target(path, "qwen2", n_head_kv=2, quant="Q8_0", seed=7)
+    write_target(path, "qwen2", n_embd=256, n_ff=512, n_head_kv=2, quant="Q8_0", seed=7)
     assert_chains_verify_exactly(path, flash_attn=True)
 
 
