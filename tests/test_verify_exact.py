@@ -8,11 +8,12 @@ the two summed in another order. Patch 0006 sends a single F16 row through sgemm
 the Q8_0, Q4_K and Q6_K ones take the rows in one call, each row summed in the single-row order,
 patch 0010; 5-8 rows ran AMX tiles, which round as those kernels do, before patch 0015), and an F16
 row sums in the same order in any block of rows. Q5_0 matrices are repacked as Q8_0 there (patch
-0009). Elsewhere, Q8_0 and Q5_0 batches on AVX512-VNNI take patch 0016's kernel, which sums each
-row as ggml's single-row dot product does, and F16 batches of 2-3 rows take 8-row tiles (patch
-0019; a row sums in the same order in any tile). CPU flash attention split a single row's KV
-cells across threads once the cache view held 512 cells (past 256 tokens), summing that row in
-another order than a batch gets; patch 0011 leaves that split out.
+0009). Elsewhere, Q8_0 and Q5_0 products of 1-8 rows on AVX512-VNNI take patch 0016's row kernel,
+one token as well as a batch, which sums each row as ggml's single-row dot product does, and F16
+batches of 2-3 rows take 8-row tiles (patch 0019; a row sums in the same order in any tile). CPU
+flash attention split a single row's KV cells across threads once the cache view held 512 cells
+(past 256 tokens), summing that row in another order than a batch gets; patch 0011 leaves that
+split out.
 """
 
 import numpy as np
