@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """What flash attention (or weight repacking) does to decoding on this machine: one token and verify
-batches of N tokens after contexts of several lengths, with the setting on and off, plus a 512-token
-prompt batch. Both settings run in one process, interleaved (per repetition: every context length,
-every size, on then off), so a change of machine load hits both alike.
+batches of N tokens after contexts of several lengths, with the setting on and off, plus prompt
+batches. Both settings run in one process, interleaved (per repetition: every context length,
+every size, on then off), so a change of machine load hits both alike; then prompt batches of 32, 128
+and 512 tokens (feature extraction and self-distillation decode such batches).
 
     .venv/bin/python benchmarks/flash_attn.py [--models qwen2.5-coder-0.5b | --target x.gguf] [--reps 5]
         [--compare repack]
@@ -35,6 +36,7 @@ from eagle_llamacpp.draft import TargetModel
 from report import print_table, write_json
 
 SIZES = (1, 2, 4, 8)
+PROMPT_SIZES = (32, 128, 512)
 CONTEXTS = (128, 512, 1024)
 
 
@@ -67,7 +69,7 @@ def bench_model(name: str, path: Path, reps: int, n_threads: int, setting: str =
     rng = np.random.default_rng(0)
     history = rng.integers(0, targets[True].n_vocab, max(CONTEXTS))
     times = {(on, c, n): [] for on in targets for c in CONTEXTS for n in SIZES}
-    pp = {on: [] for on in targets}
+    pp = {(on, n): [] for on in targets for n in PROMPT_SIZES}
     for rep in range(reps + 1):  # repetition 0 allocates the graphs
         for c in CONTEXTS:
             for on, target in targets.items():
@@ -77,10 +79,11 @@ def bench_model(name: str, path: Path, reps: int, n_threads: int, setting: str =
                     ms = verify_ms(target, c, n, rng)
                     if rep:
                         times[on, c, n].append(ms)
-        for on, target in targets.items():
-            ms = prompt_ms(target, history[:512])
-            if rep:
-                pp[on].append(ms)
+        for n in PROMPT_SIZES:
+            for on, target in targets.items():
+                ms = prompt_ms(target, history[:n])
+                if rep:
+                    pp[on, n].append(ms)
         print(f"  {name}: repetition {rep}/{reps}", file=sys.stderr)
     for target in targets.values():
         target.close()
@@ -89,8 +92,9 @@ def bench_model(name: str, path: Path, reps: int, n_threads: int, setting: str =
         for n in SIZES:
             on, off = statistics.median(times[True, c, n]), statistics.median(times[False, c, n])
             rows.append(dict(model=name, context=c, n=n, on_ms=on, off_ms=off, off_over_on=off / on))
-    on, off = statistics.median(pp[True]), statistics.median(pp[False])
-    rows.append(dict(model=name, context=0, n=512, on_ms=on, off_ms=off, off_over_on=off / on))
+    for n in PROMPT_SIZES:
+        on, off = statistics.median(pp[True, n]), statistics.median(pp[False, n])
+        rows.append(dict(model=name, context=0, n=n, on_ms=on, off_ms=off, off_over_on=off / on))
     return rows
 
 

@@ -153,14 +153,16 @@ def extraction_target(args, target_path: Path, *, streams: bool):
     """The target as feature making runs it: decodes of up to EXTRACT_BATCH tokens from up to
     EXTRACT_SEQS sequences. streams (self-distillation): --distill-seqs slots, every slot stays in the
     KV cache, each in its own stream (attention reads only its own slot's cells); otherwise a batch
-    of conversations is packed into one stream."""
+    of conversations is packed into one stream. Weights repacked or not as is faster for batches
+    (_native.batch_repack)."""
+    from . import _native as nat
     from .draft import TargetModel
 
     n_seqs = args.distill_seqs if streams else EXTRACT_SEQS
     n_batch = max(EXTRACT_BATCH, args.max_len, n_seqs)
     n_ctx = n_seqs * args.max_len if streams else n_batch
     return TargetModel(target_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=args.threads or 2,
-                       n_seq_max=n_seqs, kv_unified=not streams)
+                       n_seq_max=n_seqs, kv_unified=not streams, repack=nat.batch_repack())
 
 
 def folder_rates(manifest: dict) -> dict:
@@ -246,7 +248,7 @@ def add_train_args(t) -> None:
                    help="train on the target's own replies to ShareGPT prompts (--distill-seqs per decode)")
     t.add_argument("--distill-seqs", type=int, default=EXTRACT_SEQS,
                    help="replies generated at once, one decode advancing them all (bigger targets gain from "
-                        "more: 32 on Qwen2.5-Coder-1.5B, README)")
+                        "more: 32-128 on Qwen2.5-Coder-1.5B, README)")
     t.add_argument("--distill-temp", type=float, default=0.0, help="sampling temperature of those replies (0: greedy)")
     t.add_argument("--features-only", action="store_true", help="stop once the features are made")
     t.add_argument("--tokens-from", nargs="+", metavar="DIR",

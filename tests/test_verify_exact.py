@@ -129,3 +129,35 @@ def test_chain_verify_equals_one_token_decoding_on_k_quants(q4_k_m_target, repac
     types = {t.tensor_type.name for t in gguf.GGUFReader(q4_k_m_target).tensors}
     assert {"Q4_K", "Q6_K"} <= types, types
     assert_chains_verify_exactly(q4_k_m_target, flash_attn=True, repack=repack)
+
+
+def test_features_of_k_quants_not_repacked_match_repacked_ones(q4_k_m_target):
+    """Training decodes its batches without repacking on AVX512-VNNI CPUs lacking AMX
+    (_native.batch_repack): the tiled kernels and the repacked gemm then give the same features and
+    logits up to rounding, so the head learns the target it drafts for."""
+    tokens = np.random.default_rng(2).integers(3, N_VOCAB, 64)  # past the tiled kernels' 8 rows
+    out = {}
+    for repack in (False, True):
+        model = TargetModel(q4_k_m_target, n_ctx=128, n_batch=64, repack=repack)
+        nat.set_feature_export(model.ctx, True, per_output=False)
+        model.decode(tokens, np.arange(len(tokens)), outputs=np.ones(len(tokens), np.int8))
+        out[repack] = (nat.feature_rows(model.ctx, np.arange(len(tokens)), model.n_embd).copy(),
+                       model.logits(len(tokens) - 1).copy())
+        model.close()
+    for got, want in zip(out[False], out[True]):
+        scale = float(np.abs(want).max())
+        assert scale > 0.1
+        assert float(np.abs(got - want).max()) < 0.05 * scale  # 1 % here: rounding
+
+
+def test_batch_work_repacks_unless_the_cpu_has_avx512_vnni_without_amx(monkeypatch):
+    monkeypatch.delenv("EAGLE_LLAMACPP_REPACK", raising=False)
+    avx2 = "CPU : AVX = 1 | AVX2 = 1 | FMA = 1 | REPACK = 1 | "
+    vnni = "CPU : AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | REPACK = 1 | "
+    amx = "CPU : AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | REPACK = 1 | "
+    assert nat.batch_repack(avx2) and nat.batch_repack(amx)
+    assert not nat.batch_repack(vnni)
+    assert nat.batch_repack() == nat.batch_repack(nat.llama_cpp.llama_print_system_info().decode())
+    for value, want in (("0", False), ("1", True)):
+        monkeypatch.setenv("EAGLE_LLAMACPP_REPACK", value)
+        assert [nat.batch_repack(info) for info in (avx2, vnni, amx)] == [want] * 3
