@@ -142,10 +142,10 @@ def use_extra_bufts() -> bool:
 def batch_repack(system_info: str | None = None) -> bool:
     """Weight repacking for batch work (feature extraction, self-distillation: 32-1024 tokens a
     decode). On AVX512-VNNI CPUs without AMX, K-quant weights left as stored run ggml's tiled VNNI
-    kernels, which took such batches 1.3-1.4x faster than the repacked AVX2 gemm (AMD Zen 4,
-    Qwen2.5-Coder-1.5B Q4_K_M); with AMX the repacked weights take its tiles, and on AVX2 alone the
-    two were even. Decoding and verifying keep repacking (use_extra_bufts): its row kernels are
-    faster there. EAGLE_LLAMACPP_REPACK decides for both where set."""
+    kernels, which took batches of 32-512 tokens 1.15-1.5x faster than the repacked AVX2 gemm
+    (AMD Zen 4, Qwen2.5-Coder-1.5B Q4_K_M); with AMX the repacked weights take its tiles, and on
+    AVX2 alone the two were even. Decoding and verifying keep repacking (use_extra_bufts): its
+    row kernels are faster there. EAGLE_LLAMACPP_REPACK decides for both where set."""
     if "EAGLE_LLAMACPP_REPACK" in os.environ:
         return use_extra_bufts()
     if system_info is None:

@@ -138,8 +138,7 @@ def test_features_of_k_quants_not_repacked_match_repacked_ones(q4_k_m_target):
     tokens = np.random.default_rng(2).integers(3, N_VOCAB, 64)  # past the tiled kernels' 8 rows
     out = {}
     for repack in (False, True):
-        model = TargetModel(q4_k_m_target, n_ctx=128, n_batch=64, repack=repack)
-        nat.set_feature_export(model.ctx, True, per_output=False)
+        model = TargetModel(q4_k_m_target, n_ctx=128, n_batch=64, repack=repack)  # exports features
         model.decode(tokens, np.arange(len(tokens)), outputs=np.ones(len(tokens), np.int8))
         out[repack] = (nat.feature_rows(model.ctx, np.arange(len(tokens)), model.n_embd).copy(),
                        model.logits(len(tokens) - 1).copy())
