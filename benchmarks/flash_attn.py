@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """What flash attention (or weight repacking) does to decoding on this machine: one token and verify
 batches of N tokens after contexts of several lengths, with the setting on and off, plus prompt
-batches. Both settings run in one process, interleaved (per repetition: every context length,
-every size, on then off), so a change of machine load hits both alike; then prompt batches of 32, 128
-and 512 tokens (feature extraction and self-distillation decode such batches).
+batches of 32, 128 and 512 tokens (feature extraction and self-distillation decode such batches).
+Both settings run in one process, interleaved (per repetition: every context length, every size,
+then every prompt batch, on then off), so a change of machine load hits both alike.
 
     .venv/bin/python benchmarks/flash_attn.py [--models qwen2.5-coder-0.5b | --target x.gguf] [--reps 5]
         [--compare repack]
