@@ -69,6 +69,10 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
         # rather than add ShareGPT's replies, and say so on the card
         print(f"{feature_dir}: self-distilled features, so --self-distill", file=sys.stderr)
         args.self_distill = True
+    if args.user_turn is None:  # a folder goes on with the turn it was made from
+        args.user_turn = made_by.get("user_turn", 1)
+    elif not args.self_distill:
+        raise SystemExit("--user-turn picks the prompts the target answers: give --self-distill")
     if args.tokens is None:  # all that the folder holds, at least the default
         args.tokens = max(DEFAULT_TOKENS, made_by.get("n_tokens", 0))
     target = extraction_target(args, target_path, streams=args.self_distill)
@@ -78,9 +82,12 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
         print(f"{len(convs)} ShareGPT conversations (MT-bench questions excluded); "
               f"up to {args.tokens} tokens of {what}", file=sys.stderr)
         if args.self_distill:
-            shards = distill.generate(target, convs, feature_dir, max_tokens=args.max_len, token_budget=args.tokens,
-                                      temperature=args.distill_temp, seed=args.seed,
-                                      first_conv=args.first_conversation)
+            try:
+                shards = distill.generate(target, convs, feature_dir, max_tokens=args.max_len,
+                                          token_budget=args.tokens, temperature=args.distill_temp, seed=args.seed,
+                                          first_conv=args.first_conversation, user_turn=args.user_turn)
+            except ValueError as e:  # a folder of another turn, or a turn below 1
+                raise SystemExit(str(e)) from None
         else:
             shards = features.extract(target, convs, feature_dir, max_tokens=args.max_len, token_budget=args.tokens,
                                       first_conv=args.first_conversation)
@@ -88,13 +95,17 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
         target.close()
     shards = first_tokens(shards, args.tokens)
     manifest = features.read_manifest(feature_dir)
-    made = {"data": ("self-distilled: the target's replies to ShareGPT first turns, temperature "
-                     f"{args.distill_temp}") if args.self_distill else "ShareGPT replies",
+    made = {"data": (f"self-distilled: the target's replies to ShareGPT {_ordinal(manifest.get('user_turn', 1))} "
+                     f"user turns, temperature {args.distill_temp}") if args.self_distill else "ShareGPT replies",
             **folder_rates(manifest), "first_conversation": manifest.get("first_conv", 0)}
     if args.self_distill:
         made["generated_tokens_per_s"] = round(manifest["generated"] / max(manifest["seconds"], 1e-9), 1)
     print(f"features: {made['tokens']} tokens, {made['tokens_per_s']} tokens/s", file=sys.stderr)
     return shards, made
+
+
+def _ordinal(n: int) -> str:
+    return {1: "first", 2: "second", 3: "third"}.get(n, f"{n}th")
 
 
 def several_folders(folders: list[Path]) -> tuple[list[Path], dict]:
@@ -249,6 +260,10 @@ def add_train_args(t) -> None:
     t.add_argument("--distill-seqs", type=int, default=EXTRACT_SEQS,
                    help="replies generated at once, one decode advancing them all (bigger targets gain from "
                         "more: 32-128 on Qwen2.5-Coder-1.5B, README)")
+    t.add_argument("--user-turn", type=int,
+                   help="with --self-distill: answer each conversation's N-th user message (default: 1, or the "
+                        "folder's), its turns before as context, skipping conversations with fewer: new replies "
+                        "once the first turns are used up (longer prompts: raise --max-len)")
     t.add_argument("--distill-temp", type=float, default=0.0, help="sampling temperature of those replies (0: greedy)")
     t.add_argument("--features-only", action="store_true", help="stop once the features are made")
     t.add_argument("--tokens-from", nargs="+", metavar="DIR",

@@ -540,12 +540,51 @@ def test_new_data_starts_at_the_conversation_asked_for(chat_target, tmp_path):
     assert [tuple(s[0]) for p in paths for s in FeatureShard.load(p).sequences()] == expected
 
 
+def test_later_user_turns_are_answered_after_the_conversations_own_turns(chat_target, tmp_path):
+    """user_turn 2: the prompt is the first user message, ShareGPT's reply and the second user
+    message; conversations without a second user message are skipped, the reply is the target's
+    greedy one, and a folder keeps the turn it was made from."""
+    from eagle_llamacpp.training.distill import generate
+
+    convs = conversations(8)
+    convs[3] = convs[3][:2]  # one user turn only
+    # these prompts take 140-200 tokens
+    t = TargetModel(chat_target, n_ctx=4 * 256, n_batch=256, n_seq_max=4, n_threads=1, kv_unified=False)
+    paths = generate(t, convs, tmp_path / "second", max_tokens=256, token_budget=10_000, user_turn=2,
+                     progress=False)
+    with pytest.raises(ValueError, match="user turn 2, not 1"):
+        generate(t, convs, tmp_path / "second", max_tokens=256, token_budget=10_000, progress=False)
+    t.close()
+    assert json.loads((tmp_path / "second" / "manifest.json").read_text())["user_turn"] == 2
+    t = TargetModel(chat_target, n_ctx=256, n_threads=1)
+    renderer = ChatRenderer(t)
+    prompts = sorted(tuple(renderer.prompt_tokens(c[:3])) for i, c in enumerate(convs) if i != 3)
+    seqs = [seq for p in paths for seq in FeatureShard.load(p).sequences()]
+    assert sorted(tuple(tokens[:int(np.argmax(mask))]) for tokens, _, mask in seqs) == prompts
+    tokens, _, mask = seqs[0]
+    n_prompt = int(np.argmax(mask))
+    assert greedy_continuation(t, tokens[:n_prompt], len(tokens))[0] == list(tokens)
+    t.close()
+
+
+def test_user_turn_needs_self_distillation(chat_target, distilled, tmp_path):
+    """--user-turn without --self-distill is refused; a first-turn folder refuses another turn."""
+    from eagle_llamacpp import cli
+
+    with pytest.raises(SystemExit, match="give --self-distill"):
+        cli.make_features(make_features_args(user_turn=2), chat_target, tmp_path / "f")
+    with pytest.raises(SystemExit, match="user turn 1, not 2"):
+        cli.make_features(make_features_args(self_distill=True, user_turn=2, tokens=10**6), chat_target,
+                          distilled[0].parent)
+
+
 def make_features_args(**given):
     """`train`'s feature options as the CLI parses them, over make_features' tiny test data."""
     import argparse
 
     return argparse.Namespace(**{**dict(self_distill=False, distill_temp=0.0, distill_seqs=16, max_len=96, threads=1,
-                                        tokens=None, seed=0, first_conversation=0, tokens_from=None), **given})
+                                        tokens=None, seed=0, first_conversation=0, tokens_from=None,
+                                        user_turn=None), **given})
 
 
 def test_a_self_distilled_folder_stays_self_distilled(chat_target, distilled, monkeypatch):

@@ -1,7 +1,9 @@
 """Self-distillation: the target writes the replies its head is trained on, so the head learns the
 text it will be asked to predict (EAGLE-3 regenerates its training replies the same way).
 
-The target answers the first user turn of each conversation, many replies at once: every slot is
+The target answers one user turn of each conversation (the first by default; a later one after
+the conversation's own earlier turns, which gives new replies once the first turns are used up),
+many replies at once: every slot is
 its own sequence, one decode advances all of them by a token (a slot that has just been refilled
 prefills its prompt first), and each token's feature is recorded as it comes out. A batch of 16
 tokens costs a few times one token on a CPU, so the replies come several times faster than one at
@@ -22,7 +24,7 @@ import numpy as np
 from .. import _native as nat
 from ..chat import ChatRenderer
 from ..draft import TargetModel
-from .features import ShardWriter, _progress
+from .features import ShardWriter, _progress, read_manifest
 
 MIN_REPLY = 8  # a prompt must leave room for this many reply tokens
 
@@ -48,14 +50,22 @@ def _pick(target: TargetModel, row: int, temperature: float, rng: np.random.Gene
 
 def generate(target: TargetModel, conversations, out_dir: Path, *, max_tokens: int, token_budget: int,
              temperature: float = 0.0, seed: int = 0, shard_tokens: int = 16384,
-             first_conv: int = 0, progress: bool = True) -> list[Path]:
+             first_conv: int = 0, user_turn: int = 1, progress: bool = True) -> list[Path]:
     """Writes feature shards of the target's own replies (prompt + reply tokens, mask 1 on the
     reply) until token_budget tokens are stored. The context needs n_seq_max slots, n_batch >=
     max_tokens and room for n_seq_max sequences of max_tokens (best not unified: each
     slot then attends to its own cells only). A fresh folder starts at conversation first_conv (a
-    resumed one where it stopped), so new data can skip what an earlier head was trained on."""
+    resumed one where it stopped), so new data can skip what an earlier head was trained on.
+    user_turn n answers each conversation's n-th user message, its turns before as context (ShareGPT's
+    words); a conversation with fewer user messages, or whose prompt leaves no room, is skipped."""
+    if user_turn < 1:
+        raise ValueError(f"user_turn {user_turn}: the first user turn is 1")
+    made = read_manifest(out_dir)
+    if made and made.get("user_turn", 1) != user_turn:  # folders from before user_turn hold first turns
+        raise ValueError(f"{out_dir} holds replies to user turn {made.get('user_turn', 1)}, not {user_turn}: "
+                         "give each turn its own folder")
     writer = ShardWriter(out_dir, shard_tokens, {"first_conv": first_conv, "next_conv": first_conv,
-                                                     "in_flight": [], "generated": 0})
+                                                     "in_flight": [], "generated": 0, "user_turn": user_turn})
     renderer = ChatRenderer(target)
     vocab = nat.llama_cpp.llama_model_get_vocab(target.model)
     n_batch = nat.llama_cpp.llama_n_batch(target.ctx)
@@ -76,7 +86,10 @@ def generate(target: TargetModel, conversations, out_dir: Path, *, max_tokens: i
                     conv = queue.pop(0)
                 else:
                     conv, next_conv = next_conv, next_conv + 1
-                prompt = renderer.prompt_tokens(conversations[conv][:1])
+                context = conversations[conv][:2 * user_turn - 1]
+                if len(context) < 2 * user_turn - 1:
+                    continue
+                prompt = renderer.prompt_tokens(context)
                 if len(prompt) + MIN_REPLY <= max_tokens:
                     slots[sid] = _Slot(conv, prompt, len(prompt), np.random.default_rng([seed, conv]))
 
