@@ -5,9 +5,8 @@ The target answers one user turn of each conversation (the first by default; a l
 the conversation's own earlier turns, which gives new replies once the first turns are used up),
 many replies at once: every slot is its own sequence, one decode advances all of them by a token
 (a slot that has just been refilled prefills its prompt first), and each token's feature is
-recorded as it comes out. A batch of 16
-tokens costs a few times one token on a CPU, so the replies come several times faster than one at
-a time, with their features for free.
+recorded as it comes out. A batch of 16 tokens costs a few times one token on a CPU, so the replies
+come several times faster than one at a time, with their features for free.
 
 Resume: manifest.json records the next conversation to start and the ones in flight at the last
 shard; a resumed run starts those again first. Batches then differ from an uninterrupted run's,
