@@ -540,7 +540,7 @@ def test_new_data_starts_at_the_conversation_asked_for(chat_target, tmp_path):
     assert [tuple(s[0]) for p in paths for s in FeatureShard.load(p).sequences()] == expected
 
 
-def test_later_user_turns_are_answered_after_the_conversations_own_turns(chat_target, tmp_path):
+def test_later_user_turns_are_answered_after_the_conversations_own_turns(chat_target, tmp_path, monkeypatch):
     """user_turn 2: the prompt is the first user message, ShareGPT's reply and the second user
     message; conversations without a second user message are skipped, the reply is the target's
     greedy one, and a folder keeps the turn it was made from."""
@@ -565,6 +565,13 @@ def test_later_user_turns_are_answered_after_the_conversations_own_turns(chat_ta
     n_prompt = int(np.argmax(mask))
     assert greedy_continuation(t, tokens[:n_prompt], len(tokens))[0] == list(tokens)
     t.close()
+    # `train --features <that folder>` goes on with its turn and says so on the card
+    from eagle_llamacpp import cli, data
+
+    monkeypatch.setattr(data, "training_conversations", lambda: convs)
+    args = make_features_args(tokens=10)
+    _, made = cli.make_features(args, chat_target, tmp_path / "second")
+    assert args.user_turn == 2 and "second user turns" in made["data"]
 
 
 def test_user_turn_needs_self_distillation(chat_target, distilled, tmp_path):
