@@ -63,6 +63,9 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
 
     made_by = features.read_manifest(feature_dir)
     if args.tokens_from or "tokens_from" in made_by:
+        if args.user_turn is not None:  # re-encoding keeps the sequences it is given
+            raise SystemExit("--user-turn picks the prompts the target answers: re-encoded features "
+                             "(--tokens-from) have none to pick")
         return reencoded_features(args, target_path, feature_dir)
     if not args.self_distill and "generated" in made_by:
         # a self-distilled folder (its manifest counts generated tokens): go on distilling into it
@@ -223,7 +226,7 @@ def cmd_train(args) -> int:
                             intermediate_size=args.intermediate_size, int8=args.int8,
                             init_from_head=args.init_from_head or "", bf16=args.bf16)
     if args.features and len(args.features) > 1:
-        if args.self_distill or args.tokens_from:
+        if args.self_distill or args.tokens_from or args.user_turn is not None:
             raise SystemExit("several --features folders are only read: make each one alone first")
         feature_dir = ", ".join(args.features)
         shards, made = several_folders([Path(f) for f in args.features])

@@ -575,7 +575,8 @@ def test_later_user_turns_are_answered_after_the_conversations_own_turns(chat_ta
 
 
 def test_user_turn_needs_self_distillation(chat_target, distilled, tmp_path):
-    """--user-turn without --self-distill is refused; a first-turn folder refuses another turn."""
+    """--user-turn without --self-distill, or with --tokens-from, is refused; a first-turn folder
+    refuses another turn."""
     from eagle_llamacpp import cli
 
     with pytest.raises(SystemExit, match="give --self-distill"):
@@ -583,6 +584,9 @@ def test_user_turn_needs_self_distillation(chat_target, distilled, tmp_path):
     with pytest.raises(SystemExit, match="user turn 1, not 2"):
         cli.make_features(make_features_args(self_distill=True, user_turn=2, tokens=10**6), chat_target,
                           distilled[0].parent)
+    with pytest.raises(SystemExit, match="re-encoded features"):  # nothing to answer, so not ignored
+        cli.make_features(make_features_args(tokens_from=[str(distilled[0].parent)], user_turn=2), chat_target,
+                          tmp_path / "r")
 
 
 def make_features_args(**given):
