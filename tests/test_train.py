@@ -733,3 +733,10 @@ def test_several_feature_folders_train_as_one(shards, distilled, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="no feature shards"):
         several_folders([folders[0], tmp_path / "empty"])
+    # several folders are only read: options that would make or extend one are refused, not ignored
+    from eagle_llamacpp.cli import main
+
+    base = ["train", "-m", "unused.gguf", "-o", str(tmp_path / "o"), "--features", *map(str, folders)]
+    for extra in (["--self-distill"], ["--tokens-from", str(folders[0])], ["--user-turn", "2"]):
+        with pytest.raises(SystemExit, match="only read"):
+            main(base + extra)
