@@ -52,6 +52,28 @@ class TrainConfig:
                               # ~4x the tokens/s on a CPU with AMX, whose matrix units take bfloat16
 
 
+def keep_freed_memory() -> None:
+    """glibc hands every freed block of 32 MiB and more back to the kernel, and torch's activations are
+    such blocks: each training step faulted its fresh pages in, zeroed, ~5x10^5 faults a step for a
+    1.5B-sized head. Served from the heap and kept there, a step ran 1.13x faster (AMD EPYC, 2 threads;
+    torch's own transparent-huge-page option, THP_MEM_ALLOC_ENABLE, ran 1.07x slower), for a larger
+    peak (5.4 GB against 3.4 GB over the first 15 steps). Linux with glibc only; the process keeps
+    its peak heap until it exits."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt
+    except (OSError, AttributeError):  # not glibc
+        return
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+    libc.mallopt(M_MMAP_MAX, 0)
+    libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+
+
 def target_tensors(target_gguf: Path) -> tuple[np.ndarray, np.ndarray]:
     """The target's token embeddings and lm_head as float32 (lm_head = embeddings when tied)."""
     from ..gguf_tensors import dequantize, lm_head
@@ -145,6 +167,8 @@ def train(target_gguf: Path, shard_paths: list[Path], out_dir: Path, cfg: TrainC
     if n_threads:
         torch.set_num_threads(n_threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        keep_freed_memory()
     torch.manual_seed(cfg.seed)
     data = ShardStream(shard_paths)
     hcfg = HeadConfig.from_target(target_gguf)
