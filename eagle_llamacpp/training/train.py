@@ -64,10 +64,8 @@ def keep_freed_memory() -> None:
 
     if not sys.platform.startswith("linux"):
         return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt
-    except (OSError, AttributeError):  # not glibc
+    libc = ctypes.CDLL(None)  # the process's own C library, as llama_server.py finds prctl
+    if not hasattr(libc, "mallopt"):  # not glibc
         return
     M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
     libc.mallopt(M_MMAP_MAX, 0)
