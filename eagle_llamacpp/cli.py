@@ -94,6 +94,8 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
         else:
             shards = features.extract(target, convs, feature_dir, max_tokens=args.max_len, token_budget=args.tokens,
                                       first_conv=args.first_conversation)
+    except KeyboardInterrupt:
+        raise stopped_making_features(feature_dir) from None
     finally:
         target.close()
     shards = first_tokens(shards, args.tokens)
@@ -105,6 +107,15 @@ def make_features(args, target_path: Path, feature_dir: Path) -> tuple[list[Path
         made["generated_tokens_per_s"] = round(manifest["generated"] / max(manifest["seconds"], 1e-9), 1)
     print(f"features: {made['tokens']} tokens, {made['tokens_per_s']} tokens/s", file=sys.stderr)
     return shards, made
+
+
+def stopped_making_features(feature_dir: Path) -> SystemExit:
+    """Ctrl-C while features were made: what the folder keeps, and the exit status of an interrupt."""
+    from .training import features
+
+    stored = features.read_manifest(feature_dir).get("n_tokens", 0)
+    print(f"stopped: {feature_dir} holds {stored} tokens; the same command goes on from there", file=sys.stderr)
+    return SystemExit(130)
 
 
 def _ordinal(n: int) -> str:
@@ -147,6 +158,8 @@ def reencoded_features(args, target_path: Path, feature_dir: Path) -> tuple[list
         print(f"up to {args.tokens} tokens of features for the sequences of {', '.join(map(str, sources))}",
               file=sys.stderr)
         shards = features.reencode(target, sources, feature_dir, token_budget=args.tokens)
+    except KeyboardInterrupt:
+        raise stopped_making_features(feature_dir) from None
     finally:
         target.close()
     shards = first_tokens(shards, args.tokens)

@@ -296,6 +296,80 @@ def test_self_distillation_resumes_with_the_same_replies(chat_target, distilled,
     assert replies(resumed) == replies(distilled)
 
 
+def interrupt_at_decode(monkeypatch, target, n):
+    """Sends this process SIGINT (Ctrl-C) as the target's n-th decode returns."""
+    import os
+    import signal
+
+    decode, calls = target.decode, []
+
+    def counted(*args, **kwargs):
+        out = decode(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == n:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(target, "decode", counted)
+
+
+def test_ctrl_c_keeps_the_finished_replies(chat_target, distilled, tmp_path, monkeypatch):
+    """Ctrl-C while replies are made: the decode under way ends, every finished reply is written (the
+    shard is far from full, so without the flush none would be), KeyboardInterrupt follows, and the
+    same call goes on to the replies of an uninterrupted run."""
+    from eagle_llamacpp.training.distill import generate
+
+    t = distill_target(chat_target)
+    interrupt_at_decode(monkeypatch, t, 60)
+    with pytest.raises(KeyboardInterrupt):
+        generate(t, conversations(24), tmp_path, max_tokens=96, token_budget=10_000, shard_tokens=10_000,
+                 progress=False)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    kept = [tuple(s[0]) for name in manifest["shards"] for s in FeatureShard.load(tmp_path / name).sequences()]
+    every = {tuple(s[0]) for p in distilled for s in FeatureShard.load(p).sequences()}
+    assert 0 < len(kept) < 24 and set(kept) <= every and manifest["in_flight"]
+    assert manifest["n_tokens"] == sum(map(len, kept))
+    monkeypatch.undo()
+    resumed = generate(t, conversations(24), tmp_path, max_tokens=96, token_budget=10_000, shard_tokens=10_000,
+                       progress=False)
+    t.close()
+    assert sorted(tuple(s[0]) for p in resumed for s in FeatureShard.load(p).sequences()) == sorted(every)
+
+
+def test_ctrl_c_stops_extraction_at_a_batch_boundary(chat_target, shards, tmp_path, monkeypatch):
+    """Ctrl-C during feature extraction writes the batches decoded so far and resumes at the next one."""
+    t = packing_target(chat_target)
+    interrupt_at_decode(monkeypatch, t, 2)
+    with pytest.raises(KeyboardInterrupt):
+        extract(t, conversations(24), tmp_path, max_tokens=96, token_budget=10_000, shard_tokens=10_000,
+                progress=False)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["shards"] and 0 < manifest["n_conv"] < 24
+    monkeypatch.undo()
+    resumed = extract(t, conversations(24), tmp_path, max_tokens=96, token_budget=10_000, shard_tokens=10_000,
+                      progress=False)
+    t.close()
+    assert np.array_equal(np.concatenate([FeatureShard.load(p).tokens for p in resumed]),
+                          np.concatenate([FeatureShard.load(p).tokens for p in shards]))
+
+
+def test_train_says_where_an_interrupted_folder_stands(chat_target, distilled, tmp_path, monkeypatch, capsys):
+    from eagle_llamacpp import cli, data
+    from eagle_llamacpp.training import distill
+
+    monkeypatch.setattr(data, "training_conversations", lambda: conversations(24))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(distill, "generate", interrupted)
+    with pytest.raises(SystemExit) as stop:
+        cli.make_features(make_features_args(self_distill=True, tokens=100), chat_target, distilled[0].parent)
+    n_tokens = json.loads((distilled[0].parent / "manifest.json").read_text())["n_tokens"]
+    assert stop.value.code == 130
+    assert f"holds {n_tokens} tokens; the same command goes on" in capsys.readouterr().err
+
+
 def test_distill_seqs_sets_the_reply_slots_and_keeps_the_replies(chat_target, distilled, tmp_path):
     """`train --distill-seqs 7`: seven replies per decode instead of the fixture's four, the same replies."""
     from eagle_llamacpp import _native as nat

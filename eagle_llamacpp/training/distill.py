@@ -23,7 +23,7 @@ import numpy as np
 from .. import _native as nat
 from ..chat import ChatRenderer
 from ..draft import TargetModel
-from .features import ShardWriter, _progress, read_manifest
+from .features import ShardWriter, _progress, read_manifest, stop_requests
 
 MIN_REPLY = 8  # a prompt must leave room for this many reply tokens
 
@@ -129,15 +129,24 @@ def generate(target: TargetModel, conversations, out_dir: Path, *, max_tokens: i
         bar.update(len(s.tokens))
         nat.seq_rm(target.ctx, sid, 0, -1)
 
+    def flush() -> None:
+        writer.flush(next_conv=next_conv, in_flight=sorted(queue + [s.conv for s in slots.values()]))
+
     refill()
-    while slots and writer.n_tokens < token_budget:
-        # a refilled slot's prompt alone (one sequence per decode suits a non-unified cache),
-        # then one decode advances every slot by a token
-        for sid in [sid for sid, s in slots.items() if s.n_decoded == 0]:
-            decode([sid])
-        decode(sorted(slots))
-        if writer.full() or writer.n_tokens >= token_budget or not slots:
-            writer.flush(next_conv=next_conv, in_flight=sorted(queue + [s.conv for s in slots.values()]))
-        refill()
+    with stop_requests() as stop:
+        while slots and writer.n_tokens < token_budget and not stop:
+            # a refilled slot's prompt alone (one sequence per decode suits a non-unified cache),
+            # then one decode advances every slot by a token
+            for sid in [sid for sid, s in slots.items() if s.n_decoded == 0]:
+                decode([sid])
+            decode(sorted(slots))
+            if writer.full() or writer.n_tokens >= token_budget or not slots:
+                flush()
+            refill()
+        stopped = bool(stop) and bool(slots) and writer.n_tokens < token_budget
+        if stopped:  # the finished replies are written; the ones in progress start again on the next run
+            flush()
     bar.close()
+    if stopped:
+        raise KeyboardInterrupt
     return writer.shard_paths()

@@ -2,13 +2,18 @@
 the (quantized) target exactly: each conversation is rendered with the target's chat template, and
 one target decode yields the final hidden state of every token.
 
-Shards are written as they fill up, so an interrupted extraction resumes where it stopped.
+Shards are written as they fill up, so an interrupted extraction resumes where it stopped; Ctrl-C
+(or SIGTERM) first lets the decode under way finish and writes what is done (see stop_requests).
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +122,42 @@ class ShardWriter:
         return [self.out_dir / s for s in self.manifest["shards"]]
 
 
+class StopRequest:
+    """Set by the first SIGINT or SIGTERM inside stop_requests(): the producer finishes the decode
+    under way, flushes what is done, and raises KeyboardInterrupt."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.signum is not None
+
+
+@contextmanager
+def stop_requests():
+    """Turns Ctrl-C and SIGTERM into a StopRequest while features are made, so that stopping keeps
+    every finished sequence (up to a shard of them otherwise) and a rerun starts where the
+    manifest says. A second signal stops at once, as before. Outside the main thread (where
+    Python cannot set handlers) the request simply never comes."""
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def request(signum, frame):
+        if stop:
+            raise KeyboardInterrupt
+        stop.signum = signum
+        print("\nstopping after the decode under way (again to stop at once)", file=sys.stderr, flush=True)
+
+    previous = {s: signal.signal(s, request) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def extract(target: TargetModel, conversations, out_dir: Path, *, max_tokens: int, token_budget: int,
             shard_tokens: int = 16384, first_conv: int = 0, progress: bool = True) -> list[Path]:
     """Writes feature shards for conversations until token_budget tokens are stored; resumes from
@@ -195,21 +236,28 @@ def _extract_batches(target: TargetModel, items, writer: ShardWriter, token_budg
         if writer.full() or writer.n_tokens >= token_budget:
             writer.flush(**{resume_key: next_index})
 
+    stopped = False
     if writer.n_tokens < token_budget:
-        for index, tokens, mask in items:
-            if batch and (used + len(tokens) > n_batch or len(batch) == n_seq):
-                decode_batch(index)
-                batch, used = [], 0
-                if writer.n_tokens >= token_budget:
-                    break
-            batch.append((tokens, mask))
-            used += len(tokens)
-            resume_at = index + 1
-        else:
-            if batch:
-                decode_batch(resume_at)
-            writer.flush(**{resume_key: resume_at})
+        with stop_requests() as stop:
+            for index, tokens, mask in items:
+                if batch and (used + len(tokens) > n_batch or len(batch) == n_seq):
+                    decode_batch(index)
+                    batch, used = [], 0
+                    if stop:  # at a batch boundary: a rerun decodes the batches this run would have
+                        writer.flush(**{resume_key: index})
+                        stopped = True
+                    if writer.n_tokens >= token_budget or stop:
+                        break
+                batch.append((tokens, mask))
+                used += len(tokens)
+                resume_at = index + 1
+            else:
+                if batch:
+                    decode_batch(resume_at)
+                writer.flush(**{resume_key: resume_at})
     bar.close()
+    if stopped:
+        raise KeyboardInterrupt
 
 
 def _progress(enabled: bool, total: int, initial: int, desc: str):
