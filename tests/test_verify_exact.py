@@ -10,7 +10,9 @@ patch 0010; 5-8 rows ran AMX tiles, which round as those kernels do, before patc
 row sums in the same order in any block of rows. Q5_0 matrices are repacked as Q8_0 there (patch
 0009). Elsewhere, Q8_0 and Q5_0 products of 1-8 rows on AVX512-VNNI take patch 0016's row kernel,
 one token as well as a batch, which sums each row as ggml's single-row dot product does, and F16
-batches of 2-3 rows take 8-row tiles (patch 0019; a row sums in the same order in any tile). CPU
+batches of 2-3 rows take 8-row tiles (patch 0019; a row sums in the same order in any tile), and on
+AVX512 batches of 2-8 rows take each thread's rows in order with the next tile prefetched (patch
+0022: which thread sums a row, and when, changes no sum). CPU
 flash attention split a single row's KV cells across threads once the cache view held 512 cells
 (past 256 tokens), summing that row in another order than a batch gets; patch 0011 leaves that
 split out.
