@@ -313,6 +313,17 @@ def interrupt_at_decode(monkeypatch, target, n):
     monkeypatch.setattr(target, "decode", counted)
 
 
+def stop_then_resume(monkeypatch, target, at_decode, produce, folder):
+    """produce() stopped by Ctrl-C as the target's at_decode-th decode returns, then run again to its
+    end: the folder's manifest after the stop, and the shards of the finished run."""
+    interrupt_at_decode(monkeypatch, target, at_decode)
+    with pytest.raises(KeyboardInterrupt):
+        produce()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    monkeypatch.undo()
+    return manifest, produce()
+
+
 def test_ctrl_c_keeps_the_finished_replies(chat_target, distilled, tmp_path, monkeypatch):
     """Ctrl-C while replies are made: the decode under way ends, every finished reply is written (the
     shard is far from full, so without the flush none would be), KeyboardInterrupt follows, and the
@@ -320,35 +331,25 @@ def test_ctrl_c_keeps_the_finished_replies(chat_target, distilled, tmp_path, mon
     from eagle_llamacpp.training.distill import generate
 
     t = distill_target(chat_target)
-    interrupt_at_decode(monkeypatch, t, 60)
-    with pytest.raises(KeyboardInterrupt):
-        generate(t, conversations(24), tmp_path, max_tokens=96, token_budget=10_000, shard_tokens=10_000,
-                 progress=False)
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest, resumed = stop_then_resume(
+        monkeypatch, t, 60, lambda: generate(t, conversations(24), tmp_path, max_tokens=96, token_budget=10_000,
+                                             shard_tokens=10_000, progress=False), tmp_path)
+    t.close()
     kept = [tuple(s[0]) for name in manifest["shards"] for s in FeatureShard.load(tmp_path / name).sequences()]
     every = {tuple(s[0]) for p in distilled for s in FeatureShard.load(p).sequences()}
     assert 0 < len(kept) < 24 and set(kept) <= every and manifest["in_flight"]
     assert manifest["n_tokens"] == sum(map(len, kept))
-    monkeypatch.undo()
-    resumed = generate(t, conversations(24), tmp_path, max_tokens=96, token_budget=10_000, shard_tokens=10_000,
-                       progress=False)
-    t.close()
     assert sorted(tuple(s[0]) for p in resumed for s in FeatureShard.load(p).sequences()) == sorted(every)
 
 
 def test_ctrl_c_stops_extraction_at_a_batch_boundary(chat_target, shards, tmp_path, monkeypatch):
     """Ctrl-C during feature extraction writes the batches decoded so far and resumes at the next one."""
     t = packing_target(chat_target)
-    interrupt_at_decode(monkeypatch, t, 2)
-    with pytest.raises(KeyboardInterrupt):
-        extract(t, conversations(24), tmp_path, max_tokens=96, token_budget=10_000, shard_tokens=10_000,
-                progress=False)
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert manifest["shards"] and 0 < manifest["n_conv"] < 24
-    monkeypatch.undo()
-    resumed = extract(t, conversations(24), tmp_path, max_tokens=96, token_budget=10_000, shard_tokens=10_000,
-                      progress=False)
+    manifest, resumed = stop_then_resume(
+        monkeypatch, t, 2, lambda: extract(t, conversations(24), tmp_path, max_tokens=96, token_budget=10_000,
+                                           shard_tokens=10_000, progress=False), tmp_path)
     t.close()
+    assert manifest["shards"] and 0 < manifest["n_conv"] < 24
     assert np.array_equal(np.concatenate([FeatureShard.load(p).tokens for p in resumed]),
                           np.concatenate([FeatureShard.load(p).tokens for p in shards]))
 
