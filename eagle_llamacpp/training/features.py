@@ -246,7 +246,8 @@ def _extract_batches(target: TargetModel, items, writer: ShardWriter, token_budg
                     if stop:  # at a batch boundary: a rerun decodes the batches this run would have
                         writer.flush(**{resume_key: index})
                         stopped = True
-                    if writer.n_tokens >= token_budget or stop:
+                        break
+                    if writer.n_tokens >= token_budget:
                         break
                 batch.append((tokens, mask))
                 used += len(tokens)
