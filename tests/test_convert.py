@@ -172,3 +172,15 @@ def test_target_of_unsupported_family_is_refused(head_folder, tmp_path):
     write_target(qwen3, "qwen3")
     r = run_cli(folder, "--target", qwen3, "--outfile", tmp_path / "o.gguf")
     assert r.returncode == 1 and "target architecture 'qwen3' is not supported" in r.stderr
+
+
+@pytest.mark.parametrize("command", [[str(REPO / "convert_eagle.py")],
+                                     ["-m", "eagle_llamacpp.cli", "convert"],
+                                     ["-m", "eagle_llamacpp.cli", "generate"],
+                                     ["-m", "eagle_llamacpp.cli", "train"],
+                                     ["-m", "eagle_llamacpp.cli", "bench"]])
+def test_help_renders(command):
+    """argparse formats help text with %: a bare % in an option's help made --help crash."""
+    r = subprocess.run([sys.executable, *command, "--help"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "usage:" in r.stdout and "--" in r.stdout
