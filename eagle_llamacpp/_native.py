@@ -59,6 +59,18 @@ def check_patched(cdll) -> None:
             "LLAMA_CPP_LIB_PATH to that folder.")
 
 
+def _preload_ggml(lib_dir: Path) -> None:
+    """Loads lib_dir's ggml libraries before its libllama, so that libllama links to them: its
+    RUNPATH names the build folder it was linked in, whose ggml (another build's, after a rebuild)
+    would otherwise be taken, silently, where EAGLE_LLAMACPP_LIB points at a copy of a build."""
+    if not sys.platform.startswith("linux"):
+        return
+    backends = sorted(p for p in lib_dir.glob("libggml-*.so") if p.name != "libggml-base.so")
+    for path in [lib_dir / "libggml-base.so", *backends, lib_dir / "libggml.so"]:
+        if path.exists():
+            ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+
+
 def _import_llama_cpp():
     lib_dir = library_dir()
     if "llama_cpp" not in sys.modules:
@@ -66,6 +78,7 @@ def _import_llama_cpp():
             raise EagleError(f"patched libllama not found in {lib_dir}: run `make build` first "
                              "or set EAGLE_LLAMACPP_LIB")
         os.environ["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
+        _preload_ggml(lib_dir)
     # imported here: llama_cpp loads its library at import, from LLAMA_CPP_LIB_PATH
     import llama_cpp
     import llama_cpp.llama_cpp as llama_cpp_low

@@ -1,5 +1,8 @@
 """The eagle2 architecture in the patched llama.cpp against the PyTorch reference head."""
 
+import os
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
@@ -168,3 +171,22 @@ def test_unpatched_library_is_detected():
     other = ctypes.CDLL(str(nat.library_dir() / "libggml-base.so"))  # any library without our symbols
     with pytest.raises(nat.EagleError, match="unpatched libllama"):
         nat.check_patched(other)
+
+
+def test_library_folder_supplies_ggml_too(tmp_path):
+    """EAGLE_LLAMACPP_LIB pointing at a copy of a build (another build's libraries, as benchmarks
+    compare them) loads that folder's ggml, not the one libllama's RUNPATH names."""
+    import shutil
+    import subprocess
+    import sys
+
+    for path in nat.library_dir().iterdir():
+        if path.name.startswith(("libllama.so", "libggml")):
+            shutil.copy(path, tmp_path / path.name, follow_symlinks=True)
+    code = ("import eagle_llamacpp._native; "
+            "print('\\n'.join(line.split()[-1] for line in open('/proc/self/maps') if 'libggml' in line))")
+    env = dict(os.environ, EAGLE_LLAMACPP_LIB=str(tmp_path))
+    env.pop("LD_LIBRARY_PATH", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    loaded = {Path(p).resolve().parent for p in r.stdout.split()}
+    assert loaded == {tmp_path.resolve()}, loaded
