@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the draft's lm_head covers the head's N most frequent target tokens (draft_vocab.json); "
                         "0 = the whole vocabulary (default, when the head lists its tokens: sized to the target, "
                         f"the largest of {', '.join(map(str, DRAFT_VOCAB_SIZES))} whose lm_head rows weigh at "
-                        f"most {DRAFT_LM_HEAD_SHARE:.2%} of its weights)".replace("%", "%%"))  # argparse formats help with %
+                        f"most {DRAFT_LM_HEAD_SHARE * 100:.2f}%% of its weights)")  # %%: argparse formats help with %
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--no-progress", action="store_true")
     return p
