@@ -68,7 +68,10 @@ def _preload_ggml(lib_dir: Path) -> None:
     backends = sorted(p for p in lib_dir.glob("libggml-*.so") if p.name != "libggml-base.so")
     for path in [lib_dir / "libggml-base.so", *backends, lib_dir / "libggml.so"]:
         if path.exists():
-            ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            try:
+                ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            except OSError as e:
+                raise EagleError(f"cannot load {path}: {e}") from None
 
 
 def _import_llama_cpp():

@@ -190,3 +190,17 @@ def test_library_folder_supplies_ggml_too(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     loaded = {Path(p).resolve().parent for p in r.stdout.split()}
     assert loaded == {tmp_path.resolve()}, loaded
+
+
+def test_library_folder_with_a_broken_ggml_is_a_clear_error(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copy(nat.library_dir() / "libllama.so", tmp_path / "libllama.so", follow_symlinks=True)
+    (tmp_path / "libggml-base.so").write_bytes(b"not a library")
+    env = dict(os.environ, EAGLE_LLAMACPP_LIB=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", "import eagle_llamacpp._native"], capture_output=True, text=True,
+                       env=env)
+    assert r.returncode != 0
+    assert f"EagleError: cannot load {tmp_path / 'libggml-base.so'}" in r.stderr
