@@ -6,13 +6,13 @@ own dot product; for F16 matrices (an F16 model's weights, the K/V cache without
 the two summed in another order. Patch 0006 sends a single F16 row through sgemm too. On AMX CPUs
 (repacked weights) a batch of 2-8 rows runs the avx512-vnni kernels that one row runs (patch 0008;
 the Q8_0, Q4_K and Q6_K ones take the rows in one call, each row summed in the single-row order,
-patch 0010; 5-8 rows ran AMX tiles, which round as those kernels do, before patch 0015), and an F16
-row sums in the same order in any block of rows. Q5_0 matrices are repacked as Q8_0 there (patch
-0009). Elsewhere, Q8_0 and Q5_0 products of 1-8 rows on AVX512-VNNI take patch 0016's row kernel,
+patch 0010; 5-8 rows ran AMX tiles, which round as those kernels do, before patch 0015); F16
+weights, which the AMX path took until patch 0023, take llamafile's sgemm there too. Q5_0 matrices
+are repacked as Q8_0 there (patch 0009). Elsewhere, Q8_0 and Q5_0 products of 1-8 rows on AVX512-VNNI take patch 0016's row kernel,
 one token as well as a batch, which sums each row as ggml's single-row dot product does, and F16
 batches of 2-3 rows take 8-row tiles (patch 0019; a row sums in the same order in any tile), and on
-AVX512 batches of 2-8 rows take each thread's rows in order with the next tile prefetched (patch
-0022: which thread sums a row, and when, changes no sum). CPU
+AVX2 and AVX512 batches of 2-8 rows (with AMX, one row too: patch 0023) take each thread's rows in
+order with the next tile prefetched (patch 0022: which thread sums a row, and when, changes no sum). CPU
 flash attention split a single row's KV cells across threads once the cache view held 512 cells
 (past 256 tokens), summing that row in another order than a batch gets; patch 0011 leaves that
 split out.
